@@ -1,0 +1,3 @@
+from rlstash.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,305 @@
+"""Spec and Field: what a batch looks like, validated eagerly, with exact byte counts.
+
+A batch is a plain ``dict[str, torch.Tensor]`` whose tensors share a leading row dimension.
+A :class:`Spec` maps each field name to a :class:`Field` (per-row shape and dtype)::
+
+    spec = Spec({"obs": Field((4, 84, 84), torch.uint8), "action": Field((), torch.int64)})
+    batch = spec.validate({"obs": frames, "action": actions})  # casts safely or raises
+    spec.nbytes(100_000)  # exact bytes of a storage of that capacity
+
+Validation accepts safe casts (float64 -> float32, int32 -> int64, bool -> any number,
+integers into floats, integers into a narrower integer when every value fits) and refuses
+anything lossy across kinds (floats into an integer or bool field) with a message that names
+the field, what was expected and what came.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+Batch = dict[str, torch.Tensor]
+
+_DTYPE_NAMES: dict[str, torch.dtype] = {
+    "bool": torch.bool,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(value: str | torch.dtype | np.dtype | type) -> torch.dtype:
+    """A torch dtype from a torch dtype, a numpy dtype or a name such as ``"uint8"``."""
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str) and value.removeprefix("torch.") in _DTYPE_NAMES:
+        return _DTYPE_NAMES[value.removeprefix("torch.")]
+    try:
+        np_dtype = np.dtype(value)
+    except TypeError as exc:
+        raise TypeError(
+            f"dtype: expected a torch dtype, a numpy dtype or one of {sorted(_DTYPE_NAMES)}, "
+            f"got {value!r}"
+        ) from exc
+    if np_dtype.name not in _DTYPE_NAMES:
+        raise TypeError(f"dtype: {np_dtype.name} is not supported; use one of {sorted(_DTYPE_NAMES)}")
+    return _DTYPE_NAMES[np_dtype.name]
+
+
+def _kind(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "b"
+    if dtype.is_floating_point:
+        return "f"
+    if dtype.is_complex:
+        return "c"
+    return "i"
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a batch: the shape of a single row and its dtype."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        shape = tuple(int(s) for s in self.shape)
+        if any(s < 0 for s in shape):
+            raise ValueError(f"shape: dimensions must be >= 0, got {shape}")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", parse_dtype(self.dtype))
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes of one element."""
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row of this field."""
+        return math.prod(self.shape) * self.itemsize
+
+    def describe(self) -> str:
+        dims = "x".join(str(s) for s in self.shape)
+        return f"{dims}:{dtype_name(self.dtype)}" if dims else f":{dtype_name(self.dtype)}"
+
+
+class Spec(Mapping[str, Field]):
+    """An ordered mapping of field name -> :class:`Field`, with validation and byte counts."""
+
+    def __init__(self, fields: Mapping[str, Field | tuple[Any, Any]]) -> None:
+        if not isinstance(fields, Mapping) or not fields:
+            raise ValueError(f"fields: expected a non-empty mapping of name -> Field, got {fields!r}")
+        parsed: dict[str, Field] = {}
+        for name, f in fields.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"field names must be non-empty strings, got {name!r}")
+            if not isinstance(f, Field):
+                shape, dtype = f
+                f = Field(tuple(shape), dtype)
+            parsed[name] = f
+        self._fields = parsed
+
+    # Mapping protocol
+    def __getitem__(self, name: str) -> Field:
+        return self._fields[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Spec) and list(self._fields.items()) == list(other._fields.items())
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._fields.items()))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v.describe()}" for k, v in self._fields.items())
+        return f"Spec({inner})"
+
+    # Sizes
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row over all fields."""
+        return sum(f.row_bytes for f in self._fields.values())
+
+    def nbytes(self, capacity: int) -> int:
+        """Exact bytes of ``capacity`` rows over all fields."""
+        return capacity * self.row_bytes
+
+    def field_nbytes(self, capacity: int) -> dict[str, int]:
+        """Exact bytes of ``capacity`` rows, per field."""
+        return {k: capacity * f.row_bytes for k, f in self._fields.items()}
+
+    # Serialization (used by storage metadata and checkpoints)
+    def to_dict(self) -> dict[str, list]:
+        return {k: [list(f.shape), dtype_name(f.dtype)] for k, f in self._fields.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Spec:
+        return cls({k: Field(tuple(v[0]), parse_dtype(v[1])) for k, v in data.items()})
+
+    def select(self, *names: str) -> Spec:
+        """A spec with only ``names``, in that order."""
+        return Spec({n: self._fields[n] for n in names})
+
+    def merge(self, other: Mapping[str, Field]) -> Spec:
+        """A spec with the fields of ``self`` then those of ``other`` (names must not clash)."""
+        clash = set(self._fields) & set(other)
+        if clash:
+            raise ValueError(f"fields: names {sorted(clash)} are defined twice")
+        return Spec({**self._fields, **dict(other)})
+
+    # Validation
+    def validate(self, batch: Mapping[str, Any]) -> Batch:
+        """Check ``batch`` against the spec and return it as tensors of the spec's dtypes.
+
+        Every field must be present (and no other), shaped ``[N, *field.shape]`` with the
+        same ``N`` for all fields. Raises ValueError/TypeError naming the field, the expected
+        and the received shape or dtype. Nothing is modified in place.
+        """
+        if not isinstance(batch, Mapping):
+            raise TypeError(f"batch: expected a dict of field -> tensor, got {type(batch).__name__}")
+        missing = [k for k in self._fields if k not in batch]
+        extra = [k for k in batch if k not in self._fields]
+        if missing or extra:
+            raise ValueError(
+                f"batch: fields do not match the spec; missing {missing}, unexpected {extra} "
+                f"(spec has {list(self._fields)})"
+            )
+        out: Batch = {}
+        rows: int | None = None
+        first = ""
+        for name, f in self._fields.items():
+            value = _as_tensor(name, batch[name])
+            want = len(f.shape) + 1
+            if value.dim() != want or tuple(value.shape[1:]) != f.shape:
+                raise ValueError(
+                    f"field {name!r}: expected shape [N, {', '.join(map(str, f.shape))}]"
+                    f" ({f.describe()} per row), got shape {list(value.shape)}".replace(
+                        "[N, ]", "[N]"
+                    )
+                )
+            if rows is None:
+                rows, first = value.shape[0], name
+            elif value.shape[0] != rows:
+                raise ValueError(
+                    f"field {name!r}: has {value.shape[0]} rows but field {first!r} has {rows}; "
+                    "all fields of a batch need the same number of rows"
+                )
+            out[name] = cast_field(name, value, f.dtype)
+        return out
+
+    def rows(self, batch: Mapping[str, torch.Tensor]) -> int:
+        """Number of rows of a batch that already passed :meth:`validate`."""
+        return next(iter(batch.values())).shape[0]
+
+    # Construction from gymnasium spaces
+    @classmethod
+    def from_space(cls, space: Any, name: str = "obs") -> Spec:
+        """Fields for one gymnasium space; Dict and Tuple are flattened as ``name/key``."""
+        return cls(space_fields(space, name))
+
+    @classmethod
+    def for_transitions(cls, observation_space: Any, action_space: Any, next_obs: bool = True) -> Spec:
+        """obs, action, reward (float32), terminated, truncated (bool) and optionally next_obs."""
+        fields = dict(space_fields(observation_space, "obs"))
+        fields.update(space_fields(action_space, "action"))
+        fields["reward"] = Field((), torch.float32)
+        fields["terminated"] = Field((), torch.bool)
+        fields["truncated"] = Field((), torch.bool)
+        if next_obs:
+            fields.update(space_fields(observation_space, "next_obs"))
+        return cls(fields)
+
+
+def _as_tensor(name: str, value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise TypeError(f"field {name!r}: expected a numeric array, got an object array")
+        return torch.from_numpy(value)
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # noqa: BLE001 - report what came
+        raise TypeError(f"field {name!r}: expected a tensor or array, got {type(value).__name__}") from exc
+    if arr.dtype == object or arr.dtype.kind in "USV":
+        raise TypeError(f"field {name!r}: expected a tensor or array, got {type(value).__name__}")
+    return torch.from_numpy(arr)
+
+
+def cast_field(name: str, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cast ``value`` to ``dtype`` when that is safe, else raise TypeError naming ``name``."""
+    if value.dtype == dtype:
+        return value
+    src, dst = _kind(value.dtype), _kind(dtype)
+    ok = (
+        (src == dst == "f")
+        or (src == "b" and dst in "if")
+        or (src == "i" and dst == "f")
+        or (src == dst == "i" and _ints_fit(value, dtype))
+    )
+    if not ok:
+        raise TypeError(
+            f"field {name!r}: expected dtype {dtype_name(dtype)}, got {dtype_name(value.dtype)}"
+            " (a lossy cast across kinds is refused; convert the data explicitly)"
+        )
+    return value.to(dtype)
+
+
+def _ints_fit(value: torch.Tensor, dtype: torch.dtype) -> bool:
+    src, dst = torch.iinfo(value.dtype), torch.iinfo(dtype)
+    if dst.min <= src.min and src.max <= dst.max:
+        return True
+    if value.numel() == 0:
+        return True
+    return bool(value.min() >= dst.min) and bool(value.max() <= dst.max)
+
+
+def space_fields(space: Any, name: str) -> dict[str, Field]:
+    """Fields for a gymnasium space (Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple)."""
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Dict):
+        out: dict[str, Field] = {}
+        for key, sub in space.spaces.items():
+            out.update(space_fields(sub, f"{name}/{key}"))
+        return out
+    if isinstance(space, spaces.Tuple):
+        out = {}
+        for i, sub in enumerate(space.spaces):
+            out.update(space_fields(sub, f"{name}/{i}"))
+        return out
+    if isinstance(space, spaces.Discrete):
+        return {name: Field((), torch.int64)}
+    if isinstance(space, spaces.MultiDiscrete):
+        return {name: Field(tuple(space.nvec.shape), torch.int64)}
+    if isinstance(space, spaces.MultiBinary):
+        return {name: Field(tuple(space.shape), torch.uint8)}
+    if isinstance(space, spaces.Box):
+        return {name: Field(tuple(space.shape), parse_dtype(space.dtype))}
+    raise TypeError(
+        f"space for {name!r}: expected Box, Discrete, MultiDiscrete, MultiBinary, Dict or Tuple, "
+        f"got {type(space).__name__}"
+    )

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""One entry point for a fresh machine: creates and reuses ``.venv``, then runs a job.
+
+    python3 run.py train [rlstash train args...]   # the main job
+    python3 run.py test  [pytest args...]          # the test suite
+    python3 run.py <any rlstash subcommand> ...    # e.g. plan, doctor, eval, bench
+
+Only the Python standard library is used here. Torch is installed first, pinned to the
+CPU build (2.13.0) when no torch is present, so pip never pulls a multi-GB CUDA build
+to satisfy ``torch>=2.4``. Then the package is installed editable with its ``dev`` extra.
+The install is redone only when pyproject.toml changes (a stamp file records its hash).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+TORCH_PIN = "torch==2.13.0"
+
+
+def _python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _stamp() -> str:
+    text = (ROOT / "pyproject.toml").read_bytes() + TORCH_PIN.encode()
+    return hashlib.sha256(text).hexdigest()
+
+
+def _pip(*args: str) -> None:
+    subprocess.check_call([str(_python()), "-m", "pip", "install", "-q", *args])
+
+
+def ensure_venv() -> Path:
+    if sys.version_info < (3, 10):
+        sys.exit(f"rlstash needs Python >= 3.10, this is {sys.version.split()[0]}")
+    py = _python()
+    if not py.exists():
+        print(f"[run.py] creating {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    stamp_file = VENV / ".rlstash-stamp"
+    if stamp_file.exists() and stamp_file.read_text() == _stamp():
+        return py
+    has_torch = subprocess.call([str(py), "-c", "import torch"], stderr=subprocess.DEVNULL) == 0
+    if not has_torch:
+        print(f"[run.py] installing {TORCH_PIN} (CPU build when available)", flush=True)
+        _pip(TORCH_PIN)
+    print("[run.py] installing rlstash (editable) with its dev extra", flush=True)
+    _pip("-e", f"{ROOT}[dev,plots]")
+    stamp_file.write_text(_stamp())
+    return py
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(__doc__)
+        return 0
+    py = ensure_venv()
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "test":
+        args = [str(py), "-m", "pytest", "-q", *rest]
+    else:
+        args = [str(py), "-m", "rlstash", cmd, *rest]
+    os.chdir(ROOT)
+    return subprocess.call(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
