@@ -39,7 +39,7 @@ def _pip(*args: str) -> None:
 
 
 def ensure_venv() -> Path:
-    if sys.version_info < (3, 10):
+    if sys.version_info < (3, 10):  # noqa: UP036 - run.py runs under any python3
         sys.exit(f"rlstash needs Python >= 3.10, this is {sys.version.split()[0]}")
     py = _python()
     if not py.exists():

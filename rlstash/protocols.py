@@ -80,7 +80,9 @@ class Sampler(Protocol):
         """Called after rows at ``index`` were written."""
         ...
 
-    def sample(self, batch_size: int, ctx: SampleContext) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def sample(
+        self, batch_size: int, ctx: SampleContext
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Return ``batch_size`` indices and extra per-row arrays (e.g. ``weight``)."""
         ...
 

@@ -58,7 +58,9 @@ def parse_dtype(value: str | torch.dtype | np.dtype | type) -> torch.dtype:
             f"got {value!r}"
         ) from exc
     if np_dtype.name not in _DTYPE_NAMES:
-        raise TypeError(f"dtype: {np_dtype.name} is not supported; use one of {sorted(_DTYPE_NAMES)}")
+        raise TypeError(
+            f"dtype: {np_dtype.name} is not supported; use one of {sorted(_DTYPE_NAMES)}"
+        )
     return _DTYPE_NAMES[np_dtype.name]
 
 
@@ -106,7 +108,9 @@ class Spec(Mapping[str, Field]):
 
     def __init__(self, fields: Mapping[str, Field | tuple[Any, Any]]) -> None:
         if not isinstance(fields, Mapping) or not fields:
-            raise ValueError(f"fields: expected a non-empty mapping of name -> Field, got {fields!r}")
+            raise ValueError(
+                f"fields: expected a non-empty mapping of name -> Field, got {fields!r}"
+            )
         parsed: dict[str, Field] = {}
         for name, f in fields.items():
             if not isinstance(name, str) or not name:
@@ -179,7 +183,9 @@ class Spec(Mapping[str, Field]):
         and the received shape or dtype. Nothing is modified in place.
         """
         if not isinstance(batch, Mapping):
-            raise TypeError(f"batch: expected a dict of field -> tensor, got {type(batch).__name__}")
+            raise TypeError(
+                f"batch: expected a dict of field -> tensor, got {type(batch).__name__}"
+            )
         missing = [k for k in self._fields if k not in batch]
         extra = [k for k in batch if k not in self._fields]
         if missing or extra:
@@ -221,7 +227,9 @@ class Spec(Mapping[str, Field]):
         return cls(space_fields(space, name))
 
     @classmethod
-    def for_transitions(cls, observation_space: Any, action_space: Any, next_obs: bool = True) -> Spec:
+    def for_transitions(
+        cls, observation_space: Any, action_space: Any, next_obs: bool = True
+    ) -> Spec:
         """obs, action, reward (float32), terminated, truncated (bool) and optionally next_obs."""
         fields = dict(space_fields(observation_space, "obs"))
         fields.update(space_fields(action_space, "action"))
@@ -243,7 +251,9 @@ def _as_tensor(name: str, value: Any) -> torch.Tensor:
     try:
         arr = np.asarray(value)
     except Exception as exc:  # noqa: BLE001 - report what came
-        raise TypeError(f"field {name!r}: expected a tensor or array, got {type(value).__name__}") from exc
+        raise TypeError(
+            f"field {name!r}: expected a tensor or array, got {type(value).__name__}"
+        ) from exc
     if arr.dtype == object or arr.dtype.kind in "USV":
         raise TypeError(f"field {name!r}: expected a tensor or array, got {type(value).__name__}")
     return torch.from_numpy(arr)

@@ -39,11 +39,20 @@ class RingWriter:
         self.total += n
 
     def state_dict(self) -> dict[str, Any]:
-        return {"capacity": self.capacity, "cursor": self.cursor, "size": self.size, "total": self.total}
+        return {
+            "capacity": self.capacity,
+            "cursor": self.cursor,
+            "size": self.size,
+            "total": self.total,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["capacity"] != self.capacity:
             raise ValueError(
                 f"capacity: the saved writer has capacity {state['capacity']}, this one {self.capacity}"
             )
-        self.cursor, self.size, self.total = int(state["cursor"]), int(state["size"]), int(state["total"])
+        self.cursor, self.size, self.total = (
+            int(state["cursor"]),
+            int(state["size"]),
+            int(state["total"]),
+        )

@@ -1,0 +1,117 @@
+"""Test-wide fixtures. The CUDA tripwire (invariant I1) is on for every test by default.
+
+With the tripwire on, any ``torch.cuda`` entry point that rlstash could reach (init, device
+queries, synchronize, streams, events, memory info, ``Tensor.cuda``, ``Tensor.pin_memory``,
+``.to("cuda")``, ``pin_memory=True`` allocations) raises :class:`CudaTripped`. A test that
+exercises device logic with fakes opts out with ``@pytest.mark.allow_cuda``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+
+class CudaTripped(AssertionError):
+    """A CUDA API was called while every device is the CPU."""
+
+
+_CUDA_FUNCS = [
+    "_lazy_init",
+    "init",
+    "is_available",
+    "device_count",
+    "current_device",
+    "set_device",
+    "synchronize",
+    "current_stream",
+    "default_stream",
+    "set_stream",
+    "stream",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_reserved",
+    "max_memory_allocated",
+    "reset_peak_memory_stats",
+    "empty_cache",
+    "get_device_name",
+    "get_device_properties",
+    "get_device_capability",
+    "ipc_collect",
+]
+_CUDA_CLASSES = ["Stream", "Event"]
+
+
+def _trip(name: str):
+    def raiser(*args, **kwargs):
+        raise CudaTripped(f"torch.cuda.{name} was called with every device set to CPU")
+
+    return raiser
+
+
+def _is_cuda_target(args, kwargs) -> bool:
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.device) and a.type == "cuda":
+            return True
+        if isinstance(a, str) and a.startswith("cuda"):
+            return True
+        if isinstance(a, int) and not isinstance(a, bool) and a >= 0 and "device" in kwargs:
+            return True
+    return False
+
+
+def _guard_to(orig):
+    @functools.wraps(orig)
+    def to(self, *args, **kwargs):
+        if _is_cuda_target(args, kwargs):
+            raise CudaTripped("Tensor.to(cuda) was called with every device set to CPU")
+        return orig(self, *args, **kwargs)
+
+    return to
+
+
+def _guard_factory(orig, name):
+    @functools.wraps(orig)
+    def factory(*args, **kwargs):
+        if kwargs.get("pin_memory"):
+            raise CudaTripped(f"torch.{name}(pin_memory=True) was called with every device CPU")
+        dev = kwargs.get("device")
+        if dev is not None and _is_cuda_target((dev,), {}):
+            raise CudaTripped(f"torch.{name}(device=cuda) was called with every device CPU")
+        return orig(*args, **kwargs)
+
+    return factory
+
+
+@pytest.fixture(autouse=True)
+def cuda_tripwire(request, monkeypatch):
+    """Make every CUDA entry point raise, unless the test is marked ``allow_cuda``."""
+    if request.node.get_closest_marker("allow_cuda"):
+        yield None
+        return
+    for name in _CUDA_FUNCS:
+        if hasattr(torch.cuda, name):
+            monkeypatch.setattr(torch.cuda, name, _trip(name))
+    for name in _CUDA_CLASSES:
+        monkeypatch.setattr(torch.cuda, name, _trip(name))
+    monkeypatch.setattr(torch.Tensor, "cuda", _trip("Tensor.cuda"))
+    monkeypatch.setattr(torch.Tensor, "pin_memory", _trip("Tensor.pin_memory"))
+    monkeypatch.setattr(torch.Tensor, "to", _guard_to(torch.Tensor.to))
+    for name in [
+        "empty",
+        "zeros",
+        "ones",
+        "full",
+        "empty_like",
+        "zeros_like",
+        "tensor",
+        "as_tensor",
+    ]:
+        monkeypatch.setattr(torch, name, _guard_factory(getattr(torch, name), name))
+    yield CudaTripped
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "allow_cuda: run without the CUDA tripwire (uses fakes)")
