@@ -18,6 +18,7 @@ common case when writing). Storages accept both. Devices are arguments, never hi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -66,6 +67,10 @@ class SampleContext:
     capacity: int
     rng: np.random.Generator
     valid: np.ndarray | None = None  # bool[capacity]: True where a row may be returned
+    # Maps window starts [B] to the indices of ``length`` consecutive steps [B, length]. None
+    # means a plain ring: (start + arange(length)) % capacity. Storages whose consecutive
+    # steps are not consecutive rows (the stream storage's per-env lanes) provide it.
+    window: Callable[[np.ndarray, int], np.ndarray] | None = None
 
 
 @runtime_checkable
