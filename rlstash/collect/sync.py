@@ -1,0 +1,221 @@
+"""Collector: the policy runs in this process, one forward pass for all envs per step.
+
+::
+
+    pool = EnvPool("CartPole-v1", num_envs=8, seed=0)
+    collector = Collector(pool, policy, frames_per_batch=256, device="cpu")
+    for batch in collector:          # stream layout, shape [T, N]: obs, action, reward,
+        rb.extend(batch)             # terminated, truncated (+ final_obs in same-step mode)
+
+``policy`` maps observations ``[N, *obs_shape]`` on ``device`` to actions ``[N, ...]``. On a
+CUDA device observations go there through pinned staging and actions come back with a
+synchronized copy (invariant I4); with ``device="cpu"`` no CUDA API is touched (I1). The
+caller's current CUDA stream is used unless ``cuda_stream="dedicated"``.
+
+Row ``t`` of a batch holds the observation the action was taken from. With gymnasium's
+next-step autoreset the step after an episode end is a reset step (its action is ignored,
+its reward is 0); the stream storage recognises it from the previous row's done flag. In
+same-step mode ``final_obs[t]`` holds the last observation of an episode ending at ``t``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlstash.device import Delivery, is_cuda, resolve_device
+from rlstash.spec import Batch
+
+Policy = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class EpisodeStats:
+    """Returns and lengths of finished episodes (most recent last)."""
+
+    returns: deque = field(default_factory=lambda: deque(maxlen=100))
+    lengths: deque = field(default_factory=lambda: deque(maxlen=100))
+    count: int = 0
+
+    def mean_return(self, last: int = 10) -> float:
+        r = list(self.returns)[-last:]
+        return float(np.mean(r)) if r else float("nan")
+
+
+class Collector:
+    """Steps a vectorized env with a policy and yields fixed-size time-major batches."""
+
+    def __init__(
+        self,
+        env: Any,
+        policy: Policy,
+        frames_per_batch: int,
+        device: str | torch.device = "cpu",
+        cuda_stream: str = "current",
+        total_frames: int | None = None,
+        seed: int | None = None,
+    ) -> None:
+        n = int(env.num_envs)
+        if not isinstance(frames_per_batch, int) or frames_per_batch < n:
+            raise ValueError(
+                f"frames_per_batch: expected an int >= num_envs ({n}), got {frames_per_batch!r}"
+            )
+        if frames_per_batch % n:
+            raise ValueError(
+                f"frames_per_batch: {frames_per_batch} is not a multiple of num_envs ({n}); "
+                f"use {frames_per_batch // n * n} or {(frames_per_batch // n + 1) * n}"
+            )
+        if not callable(policy):
+            raise TypeError(
+                f"policy: expected a callable obs -> actions, got {type(policy).__name__}"
+            )
+        self.env, self.policy, self.num_envs = env, policy, n
+        self.steps_per_batch = frames_per_batch // n
+        self.device = resolve_device(device) or torch.device("cpu")
+        self.to_device = Delivery(self.device, False, stream=cuda_stream)
+        self.same_step = _autoreset_mode(env) == "SameStep"
+        self.total_frames = total_frames
+        self.frames = 0
+        self.stats = EpisodeStats()
+        self._seed = seed
+        self._obs: np.ndarray | None = None
+        self._ret = np.zeros(n, np.float64)
+        self._len = np.zeros(n, np.int64)
+        self._after_done = np.zeros(n, bool)
+
+    def __iter__(self) -> Iterator[Batch]:
+        while self.total_frames is None or self.frames < self.total_frames:
+            yield self.collect()
+
+    def reset(self, seed: int | None = None) -> None:
+        self._obs, _ = self.env.reset(seed=seed if seed is not None else self._seed)
+        self._seed = None
+        self._ret[:] = 0
+        self._len[:] = 0
+        self._after_done[:] = False
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """One forward pass for all envs; the actions are on the host and safe to read."""
+        obs_t = self.to_device({"obs": torch.from_numpy(np.asarray(obs))})["obs"]
+        actions = self.policy(obs_t)
+        if is_cuda(actions.device):
+            actions = actions.to("cpu")  # blocking device->host copy: complete when it returns
+        return actions.numpy()
+
+    def collect(self) -> Batch:
+        """Step every env ``frames_per_batch / num_envs`` times; return a [T, N] batch."""
+        if self._obs is None:
+            self.reset()
+        T, N = self.steps_per_batch, self.num_envs
+        rows: dict[str, list[np.ndarray]] = {
+            k: [] for k in ("obs", "action", "reward", "terminated", "truncated")
+        }
+        finals: list[np.ndarray] = []
+        for _ in range(T):
+            obs = np.array(self._obs, copy=True)
+            actions = self.act(obs)
+            next_obs, reward, term, trunc, info = self.env.step(actions)
+            rows["obs"].append(obs)
+            rows["action"].append(np.asarray(actions))
+            rows["reward"].append(np.asarray(reward, np.float32))
+            rows["terminated"].append(np.asarray(term, bool))
+            rows["truncated"].append(np.asarray(trunc, bool))
+            if self.same_step:
+                finals.append(_final_obs(next_obs, info, term | trunc))
+            self._track(reward, term, trunc)
+            self._obs = next_obs
+        self.frames += T * N
+        batch = {k: torch.from_numpy(np.stack(v)) for k, v in rows.items()}
+        if self.same_step:
+            batch["final_obs"] = torch.from_numpy(np.stack(finals))
+        return batch
+
+    def _track(self, reward: np.ndarray, term: np.ndarray, trunc: np.ndarray) -> None:
+        live = ~self._after_done  # next-step mode: a reset step belongs to no episode
+        self._ret += np.where(live, reward, 0.0)
+        self._len += live
+        done = (np.asarray(term) | np.asarray(trunc)) & live
+        for i in np.flatnonzero(done):
+            self.stats.returns.append(float(self._ret[i]))
+            self.stats.lengths.append(int(self._len[i]))
+            self.stats.count += 1
+        self._ret[done] = 0
+        self._len[done] = 0
+        self._after_done = done if not self.same_step else np.zeros_like(done)
+
+    @torch.no_grad()
+    def rollout(
+        self,
+        policy: Any = None,
+        episodes: int = 10,
+        deterministic: bool = True,
+        seed: int | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run ``episodes`` full episodes on this collector's env (evaluation).
+
+        ``policy`` is a callable obs -> actions or an agent with ``act(obs, deterministic)``
+        (default: the collector's policy). Env ``i`` runs ``(episodes + i) // num_envs``
+        episodes, so short episodes are not over-represented. Returns host arrays
+        ``returns`` and ``lengths``; the env is reset afterwards.
+        """
+        if not isinstance(episodes, int) or episodes <= 0:
+            raise ValueError(f"episodes: expected a positive int, got {episodes!r}")
+        saved = self.policy
+        self.policy = _as_policy(policy or self.policy, deterministic)
+        try:
+            returns, lengths = _run_episodes(self, episodes, seed)
+        finally:
+            self.policy = saved
+            self._obs = None
+        return {"returns": np.asarray(returns), "lengths": np.asarray(lengths)}
+
+
+def _as_policy(policy: Any, deterministic: bool) -> Policy:
+    act = getattr(policy, "act", None)
+    if act is not None:
+        return lambda obs: act(obs, deterministic=deterministic)
+    return policy
+
+
+def _run_episodes(c: Collector, episodes: int, seed: int | None) -> tuple[list[float], list[int]]:
+    n = c.num_envs
+    target = np.array([(episodes + i) // n for i in range(n)])
+    count = np.zeros(n, np.int64)
+    ret, length = np.zeros(n), np.zeros(n, np.int64)
+    returns: list[float] = []
+    lengths: list[int] = []
+    after_done = np.zeros(n, bool)
+    obs, _ = c.env.reset(seed=seed)
+    while (count < target).any():
+        obs, reward, term, trunc, _ = c.env.step(c.act(obs))
+        live = (count < target) & ~after_done
+        ret += np.where(live, reward, 0.0)
+        length += live
+        done = (np.asarray(term) | np.asarray(trunc)) & live
+        for i in np.flatnonzero(done):
+            returns.append(float(ret[i]))
+            lengths.append(int(length[i]))
+            ret[i] = length[i] = 0
+            count[i] += 1
+        after_done = done if not c.same_step else np.zeros(n, bool)
+    return returns, lengths
+
+
+def _autoreset_mode(env: Any) -> str:
+    mode = getattr(env, "metadata", {}).get("autoreset_mode", "NextStep")
+    return getattr(mode, "value", str(mode))
+
+
+def _final_obs(next_obs: np.ndarray, info: dict, done: np.ndarray) -> np.ndarray:
+    out = np.zeros_like(next_obs)
+    if "final_obs" in info:
+        mask = info.get("_final_obs", done)
+        for i in np.flatnonzero(mask):
+            out[i] = info["final_obs"][i]
+    return out
