@@ -1,0 +1,167 @@
+"""Run logs: CSV always, TensorBoard when installed, a progress bar or plain lines, a plot.
+
+Everything goes to ``runs/<name>/``: ``progress.csv`` (one row per log call, columns fixed by
+the first row plus any later keys appended), ``eval.csv``, ``tb/`` (TensorBoard) and
+``learning_curve.png`` at the end.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+class CsvLog:
+    """Append-only CSV whose header grows when new keys appear (rewritten once then)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.keys: list[str] = []
+        if path.exists():  # resume: keep what is there
+            with path.open() as f:
+                self.keys = next(csv.reader(f), [])
+
+    def write(self, row: dict[str, Any]) -> None:
+        new = [k for k in row if k not in self.keys]
+        if new:
+            old_rows = self._read() if self.keys else []
+            self.keys += new
+            with self.path.open("w", newline="") as f:
+                w = csv.DictWriter(f, self.keys)
+                w.writeheader()
+                w.writerows(old_rows)
+        with self.path.open("a", newline="") as f:
+            csv.DictWriter(f, self.keys).writerow({k: _fmt(v) for k, v in row.items()})
+
+    def _read(self) -> list[dict[str, str]]:
+        with self.path.open() as f:
+            return list(csv.DictReader(f))
+
+
+def _fmt(v: Any) -> Any:
+    return f"{v:.6g}" if isinstance(v, float) else v
+
+
+class RunLog:
+    """CSV + optional TensorBoard + a progress display (tqdm bar, or plain lines when quiet)."""
+
+    def __init__(
+        self, run_dir: Path, total_steps: int, quiet: bool = False, start_step: int = 0
+    ) -> None:
+        self.run_dir = run_dir
+        self.progress = CsvLog(run_dir / "progress.csv")
+        self.evals = CsvLog(run_dir / "eval.csv")
+        self.quiet = quiet
+        self.total = total_steps
+        self._tb = _tensorboard(run_dir / "tb")
+        self._bar = None if quiet else _tqdm(total_steps, start_step)
+        self._last_line = 0.0
+        self._t0 = time.monotonic()
+        self._step0 = start_step
+
+    def info(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def log(self, step: int, row: dict[str, Any]) -> None:
+        self.progress.write({"step": step, **row})
+        if self._tb is not None:
+            for k, v in row.items():
+                if isinstance(v, int | float) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+        self._show(step, row)
+
+    def log_eval(self, step: int, row: dict[str, Any]) -> None:
+        self.evals.write({"step": step, **row})
+        if self._tb is not None:
+            for k, v in row.items():
+                if isinstance(v, int | float):
+                    self._tb.add_scalar(f"eval/{k}", v, step)
+        self.info(
+            f"[eval] step {step}: return {row['return_mean']:.1f} +- {row['return_std']:.1f} "
+            f"over {row['episodes']} episodes"
+        )
+
+    def _show(self, step: int, row: dict[str, Any]) -> None:
+        sps = (step - self._step0) / max(time.monotonic() - self._t0, 1e-9)
+        ret = row.get("return_recent", float("nan"))
+        if self._bar is not None:
+            self._bar.n = step
+            self._bar.set_postfix_str(f"return {ret:.1f}, {sps:.0f} steps/s", refresh=False)
+            self._bar.refresh()
+        elif time.monotonic() - self._last_line > 5.0:
+            self._last_line = time.monotonic()
+            eta = (self.total - step) / sps if sps > 0 else float("inf")
+            print(
+                f"step {step}/{self.total}  {sps:.0f} steps/s  return {ret:.1f}  eta {eta:.0f}s",
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def _tqdm(total: int, initial: int) -> Any:
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+
+def _tensorboard(path: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except (ImportError, ModuleNotFoundError):
+        return None
+    return SummaryWriter(str(path))
+
+
+def plot_learning_curve(run_dir: Path, threshold: float | None = None) -> Path | None:
+    """Write ``learning_curve.png`` from ``eval.csv``; None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    path = run_dir / "eval.csv"
+    if not path.exists():
+        return None
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return None
+    steps = [int(r["step"]) for r in rows]
+    mean = [float(r["return_mean"]) for r in rows]
+    std = [float(r["return_std"]) for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, mean, label="evaluation return (mean)")
+    ax.fill_between(
+        steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.25
+    )
+    if threshold is not None:
+        ax.axhline(threshold, color="gray", linestyle="--", label=f"threshold {threshold:g}")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("return")
+    ax.set_title(run_dir.name)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    out = run_dir / "learning_curve.png"
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
