@@ -218,9 +218,10 @@ class ReplayBuffer:
 
     # state
     def _sync_storage_cursor(self) -> None:
+        """A disk storage persists the writer position with its metadata (resume after a crash)."""
         sync = getattr(self.storage, "set_cursor", None)
         if sync is not None:
-            sync(self.writer.cursor, self.writer.size)
+            sync(self.writer.cursor, self.writer.size, {"total": self.writer.total})
 
     def _resume_from_storage(self) -> None:
         """A reopened disk storage knows its cursor; pick it up (resume after a crash)."""
@@ -228,7 +229,7 @@ class ReplayBuffer:
         if size:
             self.writer.cursor = int(getattr(self.storage, "cursor", 0))
             self.writer.size = int(size)
-            self.writer.total = int(size)
+            self.writer.total = int(getattr(self.storage, "extra", {}).get("total", size))
             index = np.arange(self.writer.size, dtype=np.int64)
             self.sampler.on_write(index, _fields_for(self.sampler, self.storage, self.writer.size))
 
@@ -237,7 +238,6 @@ class ReplayBuffer:
         with self._lock:
             return {
                 "format": _FORMAT,
-                "storage_class": f"{type(self.storage).__module__}.{type(self.storage).__qualname__}",
                 "storage": self.storage.state_dict(),
                 "writer": self.writer.state_dict(),
                 "sampler": self.sampler,
@@ -280,7 +280,9 @@ class ReplayBuffer:
             raise ValueError(
                 f"{path}: unknown buffer format {state.get('format')!r}, expected {_FORMAT}"
             )
-        storage = _storage_from_state(state["storage_class"], state["storage"])
+        from rlstash.storage import storage_from_state
+
+        storage = storage_from_state(state["storage"])
         rb = cls(
             storage,
             sampler=state["sampler"],
@@ -374,16 +376,6 @@ def _host_numpy(value: Any, name: str) -> np.ndarray:
         return np.asarray(value)
     except Exception as exc:  # noqa: BLE001
         raise TypeError(f"{name}: expected a tensor or array, got {type(value).__name__}") from exc
-
-
-def _storage_from_state(class_path: str, state: dict[str, Any]) -> Storage:
-    module_name, _, qualname = class_path.rpartition(".")
-    module = __import__(module_name, fromlist=[qualname])
-    klass = getattr(module, qualname)
-    from_state = getattr(klass, "from_state_dict", None)
-    if from_state is None:
-        raise TypeError(f"{class_path} cannot be rebuilt from a saved state (no from_state_dict)")
-    return from_state(state)
 
 
 def _fsync_dir(path: Path) -> None:

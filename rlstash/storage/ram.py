@@ -1,0 +1,413 @@
+"""TensorStorage: one preallocated tensor per field, on any torch device.
+
+Rows live in ``tensors[name]`` of shape ``[capacity, *field.shape]`` and the field's dtype.
+The byte footprint is planned and checked against free memory *before* allocating
+(invariant I2). Writes validate the whole batch first, so a bad batch writes nothing (I8).
+
+On the CPU, reads and writes go through numpy views of the tensors: a gather of ``B`` rows is
+``np.take(arr, idx, axis=0, out=buf)`` per field, one bounds check for all fields, and no
+torch intra-op threads (a 256-row gather stays fast when another process keeps a core busy).
+On other devices they use ``torch.index_select(..., out=...)`` with the index on that device.
+
+:class:`ArrayStorage` holds that read/write machinery; :class:`~rlstash.storage.disk.MemmapStorage`
+shares it over memory-mapped files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlstash.memory import plan
+from rlstash.protocols import Index
+from rlstash.spec import Batch, Spec, dtype_name
+
+# numpy has no bfloat16: such fields are stored and moved as int16 bit patterns.
+_CARRIERS = {torch.bfloat16: torch.int16}
+
+
+def as_spec(spec: Spec | Mapping) -> Spec:
+    """``spec`` as a :class:`Spec`."""
+    return spec if isinstance(spec, Spec) else Spec(spec)
+
+
+def check_capacity(capacity: Any) -> int:
+    """``capacity`` if it is a positive int, else ValueError."""
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
+        raise ValueError(f"capacity: expected a positive int, got {capacity!r}")
+    return capacity
+
+
+def numpy_view(t: torch.Tensor) -> np.ndarray:
+    """A numpy array sharing ``t``'s memory (bfloat16 seen as int16 bit patterns)."""
+    carrier = _CARRIERS.get(t.dtype)
+    return (t.view(carrier) if carrier is not None else t).detach().numpy()
+
+
+def spec_mismatch(want: Spec, got: Spec) -> str:
+    """How ``got`` differs from ``want``, in one line ('' when equal).
+
+    ``"lacks fields ['x']; has unexpected fields ['y']; field 'z' is 3:float32, expected ..."``
+    """
+    parts = []
+    missing = [k for k in want if k not in got]
+    extra = [k for k in got if k not in want]
+    if missing:
+        parts.append(f"lacks fields {missing}")
+    if extra:
+        parts.append(f"has unexpected fields {extra}")
+    for k in want:
+        if k in got and want[k] != got[k]:
+            parts.append(f"field {k!r} is {got[k].describe()}, expected {want[k].describe()}")
+    if not parts and list(want) != list(got):
+        parts.append(f"field order {list(got)}, expected {list(want)}")
+    return "; ".join(parts)
+
+
+def normalize_index(index: Any, capacity: int) -> tuple[slice | np.ndarray, int]:
+    """``(index, rows)`` with ``index`` a ``slice(start, stop)`` or an int64 array in range.
+
+    Accepts a slice with ``0 <= start <= stop <= capacity`` (step 1) or a 1-D integer array
+    (numpy, torch or a list) whose values are in ``[0, capacity)``.
+    """
+    if type(index) is np.ndarray and index.dtype == np.int64 and index.ndim == 1:
+        idx = index
+    elif isinstance(index, slice):
+        return _normalize_slice(index, capacity)
+    else:
+        idx = _as_index_array(index)
+    n = idx.shape[0]
+    # one reduction checks both ends: negative values become huge as uint64
+    if n and int(np.maximum.reduce(idx.view(np.uint64))) >= capacity:
+        bad = idx[(idx < 0) | (idx >= capacity)]
+        raise IndexError(
+            f"index: values must be in [0, {capacity}) (the capacity), got {bad[:5].tolist()}"
+            f"{' ...' if bad.size > 5 else ''}"
+        )
+    return idx, n
+
+
+def _normalize_slice(index: slice, capacity: int) -> tuple[slice, int]:
+    start = 0 if index.start is None else index.start
+    stop = capacity if index.stop is None else index.stop
+    if index.step not in (None, 1) or not (0 <= start <= stop <= capacity):
+        raise IndexError(
+            f"index: a slice must be slice(start, stop) with 0 <= start <= stop <= {capacity} "
+            f"and step 1, got {index!r}; use an index array to wrap around"
+        )
+    return slice(start, stop), stop - start
+
+
+def _as_index_array(index: Any) -> np.ndarray:
+    if isinstance(index, torch.Tensor):
+        index = index.detach().cpu().numpy()
+    arr = np.asarray(index)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise TypeError(
+            f"index: expected a slice or a 1-D integer array, got {type(index).__name__} with "
+            f"dtype {arr.dtype} and shape {list(arr.shape)}"
+        )
+    return arr.astype(np.int64, copy=False)
+
+
+class ArrayStorage:
+    """Rows in one array per field; reads gather, writes scatter, both validated.
+
+    Subclasses allocate and call :meth:`_bind`. Attributes: ``spec``, ``capacity``,
+    ``device``, ``tensors`` (field -> tensor ``[capacity, *shape]``, for direct access).
+    """
+
+    spec: Spec
+    capacity: int
+    device: torch.device
+    tensors: dict[str, torch.Tensor]
+
+    def _bind(self, tensors: dict[str, torch.Tensor], arrays: dict[str, np.ndarray] | None) -> None:
+        """Attach the allocated tensors; ``arrays`` are numpy views (CPU only, else None)."""
+        self.tensors = tensors
+        self._arrays = arrays  # None: use torch ops (non-CPU devices)
+        self._np_fields = list(arrays.items()) if arrays is not None else None
+        self._carrier = {k: _CARRIERS.get(f.dtype) for k, f in self.spec.items()}
+        self._np_write = None
+        if arrays is not None:
+            self._np_write = [(k, a, self._carrier[k]) for k, a in arrays.items()]
+        self._out_key: list[torch.Tensor] | None = None  # tensors of the last out= seen
+        self._out_ptrs: list[int] = []
+        self._out_arrays: list[np.ndarray] = []
+        self._closed = False
+
+    @property
+    def nbytes(self) -> int:
+        """Exact bytes of the data: ``capacity * spec.row_bytes``."""
+        return self.spec.nbytes(self.capacity)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} is closed")
+
+    # ------------------------------------------------------------------ write
+    def write(self, index: Index, batch: Batch, validate: bool = True) -> None:
+        """Write the rows of ``batch`` at ``index`` (a slice or an int64 array).
+
+        With ``validate=True`` the batch is checked against the spec (fields, shapes, safe
+        dtype casts) and the index against the row count before anything is written, so a
+        bad batch writes nothing. ``validate=False`` is for batches that already passed
+        ``spec.validate`` (only the row count is checked). Tensors on another device are
+        copied to the storage's device first. Duplicate indices: the last row wins (on
+        the CPU; on a GPU which one wins is unspecified).
+        """
+        if self._closed:
+            self._check_open()
+        if validate:
+            batch = self.spec.validate(batch)
+        index, n = normalize_index(index, self.capacity)
+        rows = len(next(iter(batch.values()))) if batch else 0
+        if rows != n:
+            raise ValueError(
+                f"index: selects {n} rows but the batch has {rows} rows; they must be equal"
+            )
+        if self._np_fields is None:
+            self._write_torch(index, batch)
+            return
+        srcs = []  # every source is on the host before the first row is written
+        try:
+            for name, _, carrier in self._np_write:
+                src = batch[name]
+                if type(src) is not np.ndarray:
+                    if src.requires_grad:
+                        src = src.detach()
+                    if not src.is_cpu:
+                        src = src.cpu()
+                    src = (src if carrier is None else src.view(carrier)).numpy()
+                srcs.append(src)
+        except KeyError as exc:
+            raise ValueError(f"batch: field {exc.args[0]!r} is missing") from None
+        for (_, arr, _), src in zip(self._np_write, srcs):
+            arr[index] = src
+
+    def _write_torch(self, index: slice | np.ndarray, batch: Batch) -> None:
+        dev = self.device
+        try:
+            srcs = [_as_tensor(batch[k]).to(dev) for k in self.tensors]  # all moved first
+        except KeyError as exc:
+            raise ValueError(f"batch: field {exc.args[0]!r} is missing") from None
+        if isinstance(index, np.ndarray):
+            index = torch.from_numpy(index).to(dev)
+        for t, src in zip(self.tensors.values(), srcs):
+            t[index] = src
+
+    # ------------------------------------------------------------------ read
+    def read(self, index: Index, out: Batch | None = None) -> Batch:
+        """Gather the rows at ``index``: a fresh dict of tensors, or into ``out``.
+
+        ``out`` must hold, for every field, a contiguous tensor ``[rows, *field.shape]`` of the
+        field's dtype on the storage's device; it is filled and returned (other keys are left
+        alone). Its numpy views are cached, so reusing the same ``out`` costs one identity
+        check per field. Returned rows are copies, never views of the storage.
+        """
+        if self._closed:
+            self._check_open()
+        index, n = normalize_index(index, self.capacity)
+        fields = self._np_fields
+        if fields is None:
+            return self._read_torch(index, n, out)
+        if out is None:
+            if isinstance(index, slice):
+                got = {k: a[index].copy() for k, a in fields}
+            else:  # bounds-checked above: mode="clip" never clips, and avoids a buffered copy
+                got = {}
+                for k, a in fields:
+                    got[k] = o = np.empty((n, *a.shape[1:]), a.dtype)
+                    np.take(a, index, axis=0, out=o, mode="clip")
+            res = {k: torch.from_numpy(v) for k, v in got.items()}
+            for k, carrier in self._carrier.items():
+                if carrier is not None:
+                    res[k] = res[k].view(self.spec[k].dtype)
+            return res
+        views = self._out_views(out, n)
+        if isinstance(index, slice):
+            for (_, a), o in zip(fields, views):
+                np.copyto(o, a[index])
+        else:  # indices were bounds-checked above, so mode="clip" never clips
+            for (_, a), o in zip(fields, views):
+                np.take(a, index, axis=0, out=o, mode="clip")
+        return out
+
+    def _out_views(self, out: Batch, n: int) -> list[np.ndarray]:
+        key = self._out_key
+        if key is not None and self._out_arrays and self._out_arrays[0].shape[0] == n:
+            try:
+                for (name, _), t, ptr in zip(self._np_fields, key, self._out_ptrs):
+                    if out[name] is not t or t.data_ptr() != ptr:
+                        break
+                else:
+                    return self._out_arrays
+            except (KeyError, TypeError):
+                pass  # not the cached dict: full check below
+        tensors = self._check_out(out, n)
+        self._out_arrays = [numpy_view(t) for t in tensors]
+        self._out_key, self._out_ptrs = tensors, [t.data_ptr() for t in tensors]
+        return self._out_arrays
+
+    def _check_out(self, out: Batch, n: int) -> list[torch.Tensor]:
+        if not isinstance(out, Mapping):
+            raise TypeError(f"out: expected a dict of field -> tensor, got {type(out).__name__}")
+        missing = [k for k in self.spec if k not in out]
+        if missing:
+            raise ValueError(f"out: missing fields {missing} (needs every field of the spec)")
+        tensors = []
+        for name, f in self.spec.items():
+            t = out[name]
+            want = (n, *f.shape)
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"out[{name!r}]: expected a tensor, got {type(t).__name__}")
+            if tuple(t.shape) != want or t.dtype != f.dtype:
+                raise ValueError(
+                    f"out[{name!r}]: expected shape {list(want)} dtype {dtype_name(f.dtype)}, "
+                    f"got shape {list(t.shape)} dtype {dtype_name(t.dtype)}"
+                )
+            if t.device != self.device or not t.is_contiguous():
+                raise ValueError(
+                    f"out[{name!r}]: expected a contiguous tensor on {self.device}, got "
+                    f"{'a' if t.is_contiguous() else 'a non-contiguous'} tensor on {t.device}"
+                )
+            tensors.append(t)
+        return tensors
+
+    def _read_torch(self, index: slice | np.ndarray, n: int, out: Batch | None) -> Batch:
+        tensors = self._check_out(out, n) if out is not None else None
+        if isinstance(index, slice):
+            if tensors is None:
+                return {k: t[index].clone() for k, t in self.tensors.items()}
+            for t, o in zip(self.tensors.values(), tensors):
+                o.copy_(t[index])
+            return out
+        idx = torch.from_numpy(index).to(self.device)  # [n] int64 on the storage's device
+        if tensors is None:
+            return {k: torch.index_select(t, 0, idx) for k, t in self.tensors.items()}
+        for t, o in zip(self.tensors.values(), tensors):
+            torch.index_select(t, 0, idx, out=o)
+        return out
+
+    # ------------------------------------------------------------------ state
+    def _load_arrays(self, state: Mapping[str, Any]) -> None:
+        """Check ``state['spec']``/``['capacity']`` and copy ``state['data']`` in (all or none)."""
+        got = Spec.from_dict(state["spec"])
+        diff = spec_mismatch(self.spec, got)
+        if diff:
+            raise ValueError(f"state: its spec does not match this storage's: {diff}")
+        if int(state["capacity"]) != self.capacity:
+            raise ValueError(
+                f"state: capacity {state['capacity']} does not match this storage's {self.capacity}"
+            )
+        data = state.get("data")
+        if not isinstance(data, Mapping):
+            raise ValueError(
+                f"state: expected a 'data' dict of field -> tensor, got {type(data).__name__}"
+            )
+        srcs = {}
+        for name, f in self.spec.items():
+            src = data.get(name)
+            if src is None:
+                raise ValueError(f"state: data for field {name!r} is missing")
+            src = src if isinstance(src, torch.Tensor) else torch.from_numpy(np.asarray(src))
+            if src.dtype == _CARRIERS.get(f.dtype):
+                src = src.view(f.dtype)
+            if tuple(src.shape) != (self.capacity, *f.shape) or src.dtype != f.dtype:
+                raise ValueError(
+                    f"state: data for field {name!r} has shape {list(src.shape)} dtype "
+                    f"{dtype_name(src.dtype)}, expected {[self.capacity, *f.shape]} "
+                    f"{dtype_name(f.dtype)}"
+                )
+            srcs[name] = src
+        for name, src in srcs.items():  # everything checked: now copy
+            if self._arrays is not None:
+                np.copyto(self._arrays[name], _host_array(src))
+            else:
+                self.tensors[name].copy_(src)
+
+
+def _as_tensor(src: torch.Tensor | np.ndarray) -> torch.Tensor:
+    return src if isinstance(src, torch.Tensor) else torch.from_numpy(np.asarray(src))
+
+
+def _host_array(src: torch.Tensor | np.ndarray) -> np.ndarray:
+    if type(src) is np.ndarray:
+        return src
+    if src.device.type != "cpu":
+        src = src.to("cpu")
+    return numpy_view(src)
+
+
+class TensorStorage(ArrayStorage):
+    """One tensor ``[capacity, *field.shape]`` per field on ``device``, zero-filled.
+
+    The footprint is planned and checked before allocating; with ``allow_overcommit=False``
+    a storage that does not fit raises :class:`~rlstash.memory.InsufficientMemoryError`
+    naming the bytes needed and free and the fix.
+    """
+
+    def __init__(
+        self,
+        spec: Spec | Mapping,
+        capacity: int,
+        device: str | torch.device = "cpu",
+        allow_overcommit: bool = False,
+    ) -> None:
+        self.spec = as_spec(spec)
+        self.capacity = check_capacity(capacity)
+        self.device = torch.device(device)
+        self.plan = plan(self.spec, capacity, "ram", self.device).check(allow_overcommit)
+        tensors = {
+            name: torch.zeros((capacity, *f.shape), dtype=f.dtype, device=self.device)
+            for name, f in self.spec.items()
+        }  # [capacity, *shape] each
+        arrays = None
+        if self.device.type == "cpu":
+            arrays = {name: numpy_view(t) for name, t in tensors.items()}
+        self._bind(tensors, arrays)
+
+    def __repr__(self) -> str:
+        return (
+            f"TensorStorage({self.spec!r}, capacity={self.capacity}, device={str(self.device)!r})"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"kind", "spec", "capacity", "device", "data"}``; CPU data are references, not copies."""
+        self._check_open()
+        data = {k: t if t.device.type == "cpu" else t.to("cpu") for k, t in self.tensors.items()}
+        return {
+            "kind": "TensorStorage",
+            "spec": self.spec.to_dict(),
+            "capacity": self.capacity,
+            "device": str(self.device),
+            "data": data,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Copy the data of a :meth:`state_dict` in, after checking its spec and capacity.
+
+        A :class:`~rlstash.storage.disk.MemmapStorage` state (a ``path``, no ``data``) is read
+        from its files.
+        """
+        self._check_open()
+        if "data" not in state and "path" in state:
+            from rlstash.storage.disk import read_data  # disk builds on this module
+
+            state = {**state, "data": read_data(state)}
+        self._load_arrays(state)
+
+    def close(self) -> None:
+        """Drop the tensors (idempotent); reads and writes then raise."""
+        self.tensors, self._arrays, self._np_fields, self._np_write = {}, None, None, None
+        self._out_key, self._out_arrays = None, []
+        self._closed = True
+
+    def __enter__(self) -> TensorStorage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,526 @@
+"""TensorStorage and MemmapStorage: roundtrips, clear errors, nothing partial, planning, resume."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rlstash import memory
+from rlstash.memory import InsufficientMemoryError
+from rlstash.protocols import Storage
+from rlstash.spec import Field, Spec
+from rlstash.storage import MemmapStorage, TensorStorage
+from rlstash.writer import RingWriter
+
+SPEC = Spec(
+    {
+        "obs": Field((2, 5, 5), torch.uint8),  # small "images"
+        "vec": Field((3,), torch.float32),
+        "action": Field((), torch.int64),
+        "done": Field((), torch.bool),
+        "half": Field((2,), torch.bfloat16),
+        "obs/aux": Field((2,), torch.float16),
+    }
+)
+CAP = 16
+
+
+def make_batch(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "obs": torch.randint(0, 256, (n, 2, 5, 5), generator=g, dtype=torch.uint8),
+        "vec": torch.randn(n, 3, generator=g),
+        "action": torch.randint(-(2**40), 2**40, (n,), generator=g),
+        "done": torch.rand(n, generator=g) < 0.5,
+        "half": torch.randn(n, 2, generator=g).to(torch.bfloat16),
+        "obs/aux": torch.randn(n, 2, generator=g).to(torch.float16),
+    }
+
+
+def rows(batch, i):
+    return {k: v[i] for k, v in batch.items()}
+
+
+def assert_batch_equal(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype, k
+        assert torch.equal(a[k], b[k]), k
+
+
+def snapshot(storage):
+    return {k: t.clone() for k, t in storage.tensors.items()}
+
+
+@pytest.fixture(params=["ram", "disk"])
+def storage(request, tmp_path):
+    if request.param == "ram":
+        s = TensorStorage(SPEC, CAP)
+    else:
+        s = MemmapStorage(SPEC, CAP, tmp_path / "buf")
+    yield s
+    s.close()
+
+
+# ----------------------------------------------------------------------------- roundtrips
+def test_is_a_storage(storage):
+    assert isinstance(storage, Storage)
+    assert storage.nbytes == SPEC.nbytes(CAP)
+    assert sum(t.nbytes for t in storage.tensors.values()) == storage.nbytes
+    assert storage.device == torch.device("cpu")
+    for name, f in SPEC.items():
+        assert storage.tensors[name].shape == (CAP, *f.shape)
+        assert storage.tensors[name].dtype == f.dtype
+
+
+def test_write_read_roundtrip_all_dtypes(storage):
+    b = make_batch(CAP)
+    storage.write(slice(0, CAP), b)
+    assert_batch_equal(storage.read(slice(0, CAP)), b)
+    idx = np.array([3, 0, 15, 3, 7], dtype=np.int64)
+    assert_batch_equal(storage.read(idx), rows(b, torch.from_numpy(idx)))
+
+
+def test_wrap_around_write_from_ring_writer(storage):
+    w = RingWriter(CAP)
+    first = make_batch(12, seed=1)
+    storage.write(w.reserve(12), first)
+    w.commit(12)
+    second = make_batch(10, seed=2)
+    index = w.reserve(10)
+    assert isinstance(index, np.ndarray)  # wraps: 12..15, 0..5
+    storage.write(index, second)
+    assert_batch_equal(storage.read(index), second)
+    assert_batch_equal(storage.read(np.arange(6, 12)), rows(first, slice(6, 12)))
+
+
+def test_read_into_out_reuses_memory(storage):
+    b = make_batch(CAP)
+    storage.write(slice(0, CAP), b)
+    out = {k: torch.empty((4, *f.shape), dtype=f.dtype) for k, f in SPEC.items()}
+    out["extra"] = torch.zeros(4)  # other keys are left alone
+    ptrs = {k: t.data_ptr() for k, t in out.items()}
+    for idx in ([0, 1, 2, 3], [15, 14, 13, 12], [5, 5, 5, 5]):
+        got = storage.read(np.array(idx), out=out)
+        assert got is out
+        assert {k: t.data_ptr() for k, t in got.items()} == ptrs
+        assert_batch_equal({k: got[k] for k in SPEC}, rows(b, torch.tensor(idx)))
+    got = storage.read(slice(8, 12), out=out)
+    assert_batch_equal({k: got[k] for k in SPEC}, rows(b, slice(8, 12)))
+    # a replaced tensor in the same dict is noticed (cached views are not reused blindly)
+    out["vec"] = torch.empty(4, 3)
+    storage.read(np.array([1, 2, 3, 4]), out=out)
+    assert torch.equal(out["vec"], b["vec"][1:5])
+
+
+def test_read_returns_copies_not_views(storage):
+    storage.write(slice(0, CAP), make_batch(CAP))
+    got = storage.read(np.array([0]))
+    got["vec"].fill_(123.0)
+    sl = storage.read(slice(0, 1))
+    sl["vec"].fill_(321.0)
+    assert not torch.any(storage.tensors["vec"] == 123.0)
+    assert not torch.any(storage.tensors["vec"] == 321.0)
+
+
+def test_index_forms_and_empty_reads(storage):
+    b = make_batch(CAP)
+    storage.write(slice(0, CAP), b)
+    for idx in ([1, 2], np.array([1, 2], dtype=np.int32), torch.tensor([1, 2]), range(1, 3)):
+        assert_batch_equal(storage.read(idx), rows(b, slice(1, 3)))
+    empty = storage.read(np.array([], dtype=np.int64))
+    assert all(v.shape[0] == 0 for v in empty.values())
+    storage.write(np.array([], dtype=np.int64), make_batch(0))
+
+
+def test_write_accepts_safe_casts_numpy_and_noncontiguous(storage):
+    b = make_batch(4)
+    src = dict(b)
+    src["vec"] = torch.randn(3, 4).t()  # non-contiguous [4, 3]
+    src["action"] = b["action"].numpy()  # numpy array
+    src["done"] = b["done"].to(torch.uint8).bool()
+    src["obs/aux"] = b["obs/aux"].float().requires_grad_()  # float32 -> float16 cast
+    storage.write(slice(2, 6), src)
+    got = storage.read(slice(2, 6))
+    assert torch.equal(got["vec"], src["vec"])
+    assert torch.equal(got["action"], b["action"])
+    assert torch.equal(got["obs/aux"], b["obs/aux"])
+
+
+def test_validate_false_fast_path(storage):
+    b = make_batch(5)
+    storage.write(np.array([9, 1, 4, 0, 2]), b, validate=False)
+    assert_batch_equal(storage.read(np.array([9, 1, 4, 0, 2])), b)
+    with pytest.raises(ValueError, match="5 rows"):
+        storage.write(slice(0, 4), b, validate=False)
+    with pytest.raises(ValueError, match="'vec' is missing"):
+        storage.write(slice(0, 5), {k: v for k, v in b.items() if k != "vec"}, validate=False)
+
+
+# ----------------------------------------------------------------------------- errors
+BAD_WRITES = [
+    ("wrong shape", lambda b: {**b, "vec": torch.zeros(4, 2)}, ValueError, r"'vec'.*shape"),
+    ("lossy dtype", lambda b: {**b, "action": torch.zeros(4)}, TypeError, r"'action'.*int64"),
+    ("rows differ", lambda b: {**b, "done": torch.zeros(3, dtype=torch.bool)}, ValueError, "rows"),
+    ("missing", lambda b: {k: v for k, v in b.items() if k != "obs"}, ValueError, "missing"),
+    ("unexpected", lambda b: {**b, "zzz": torch.zeros(4)}, ValueError, "zzz"),
+]
+
+
+@pytest.mark.parametrize("case, change, err, text", BAD_WRITES, ids=[c[0] for c in BAD_WRITES])
+def test_bad_batch_writes_nothing(storage, case, change, err, text):
+    storage.write(slice(0, CAP), make_batch(CAP, seed=3))
+    before = snapshot(storage)
+    with pytest.raises(err, match=text):
+        storage.write(slice(0, 4), change(make_batch(4, seed=4)))
+    assert_batch_equal(snapshot(storage), before)
+
+
+@pytest.mark.parametrize(
+    "index, err, text",
+    [
+        (slice(0, 3), ValueError, "selects 3 rows but the batch has 4"),
+        (np.array([0, 1, 2, 16]), IndexError, r"\[0, 16\).*\[16\]"),
+        (np.array([0, -1, 2, 3]), IndexError, r"\[-1\]"),
+        (slice(14, 18), IndexError, "wrap around"),
+        (slice(0, 8, 2), IndexError, "step 1"),
+        (np.zeros((2, 2), dtype=np.int64), TypeError, "1-D integer"),
+        (np.array([0.0, 1.0, 2.0, 3.0]), TypeError, "1-D integer"),
+    ],
+)
+def test_bad_index_writes_nothing(storage, index, err, text):
+    storage.write(slice(0, CAP), make_batch(CAP, seed=3))
+    before = snapshot(storage)
+    with pytest.raises(err, match=text):
+        storage.write(index, make_batch(4, seed=4))
+    assert_batch_equal(snapshot(storage), before)
+
+
+def test_bad_out_is_refused(storage):
+    good = {k: torch.empty((2, *f.shape), dtype=f.dtype) for k, f in SPEC.items()}
+    idx = np.array([0, 1])
+    with pytest.raises(ValueError, match=r"out\['vec'\]: expected shape \[2, 3\]"):
+        storage.read(idx, out={**good, "vec": torch.empty(3, 3)})
+    with pytest.raises(ValueError, match=r"out\['done'\].*dtype bool"):
+        storage.read(idx, out={**good, "done": torch.empty(2, dtype=torch.uint8)})
+    with pytest.raises(ValueError, match="non-contiguous"):
+        storage.read(idx, out={**good, "vec": torch.empty(3, 2).t()})
+    with pytest.raises(ValueError, match="missing"):
+        storage.read(idx, out={k: v for k, v in good.items() if k != "obs"})
+    storage.read(idx, out=good)  # cached now; a different row count is still refused
+    with pytest.raises(ValueError, match=r"expected shape \[3"):
+        storage.read(np.array([0, 1, 2]), out=good)
+    with pytest.raises(IndexError):
+        storage.read(np.array([CAP]), out=good)
+
+
+def test_closed_storage_refuses(storage):
+    storage.close()
+    storage.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        storage.read(np.array([0]))
+    with pytest.raises(RuntimeError, match="closed"):
+        storage.write(slice(0, 1), make_batch(1))
+
+
+# ----------------------------------------------------------------------------- plan (I2)
+def test_tensor_storage_plans_before_allocating(monkeypatch):
+    monkeypatch.setattr(memory, "ram_available", lambda: 1_000)
+    allocated = []
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: allocated.append(a))
+    with pytest.raises(InsufficientMemoryError) as info:
+        TensorStorage(SPEC, 1_000)
+    assert allocated == []
+    assert f"{SPEC.nbytes(1_000):,} bytes" in str(info.value) and "1,000 bytes" in str(info.value)
+    monkeypatch.undo()
+    monkeypatch.setattr(memory, "ram_available", lambda: 1_000)
+    s = TensorStorage(SPEC, 1_000, allow_overcommit=True)
+    assert s.plan.nbytes == s.nbytes == sum(t.nbytes for t in s.tensors.values())
+    assert not s.plan.fits
+
+
+def test_meta_device_uses_torch_ops():
+    s = TensorStorage(SPEC, CAP, device="meta")
+    assert s.device.type == "meta" and s.tensors["obs"].device.type == "meta"
+    s.write(np.array([15, 0, 1]), make_batch(3))
+    got = s.read(np.array([1, 2]))
+    assert got["obs"].shape == (2, 2, 5, 5) and got["half"].dtype == torch.bfloat16
+    assert got["vec"].device.type == "meta"
+    out = {k: torch.empty((2, *f.shape), dtype=f.dtype, device="meta") for k, f in SPEC.items()}
+    assert s.read(slice(3, 5), out=out) is out
+    with pytest.raises(ValueError, match="on meta"):
+        s.read(
+            np.array([1, 2]),
+            out={k: torch.empty((2, *f.shape), dtype=f.dtype) for k, f in SPEC.items()},
+        )
+
+
+# ----------------------------------------------------------------------------- state
+def test_tensor_state_roundtrip_and_mismatch():
+    a = TensorStorage(SPEC, CAP)
+    a.write(slice(0, CAP), make_batch(CAP, seed=5))
+    state = a.state_dict()
+    assert state["data"]["vec"] is a.tensors["vec"]  # a reference, no copy
+    b = TensorStorage(SPEC, CAP)
+    b.load_state_dict(state)
+    assert_batch_equal(b.read(slice(0, CAP)), a.read(slice(0, CAP)))
+    other = TensorStorage(
+        SPEC.merge({"x": Field((), torch.float32)}).select("obs", "vec", "x"), CAP
+    )
+    with pytest.raises(ValueError, match=r"lacks fields \['x'\]; has unexpected fields \['action'"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match="capacity 16"):
+        TensorStorage(SPEC, CAP + 1).load_state_dict(state)
+    bad = {**state, "data": {**state["data"], "vec": torch.zeros(CAP, 4)}}
+    before = snapshot(b)
+    with pytest.raises(ValueError, match="'vec' has shape"):
+        b.load_state_dict(bad)
+    assert_batch_equal(snapshot(b), before)
+
+
+def test_states_move_between_ram_and_disk(tmp_path):
+    ram = TensorStorage(SPEC, CAP)
+    ram.write(slice(0, CAP), make_batch(CAP, seed=6))
+    with MemmapStorage(SPEC, CAP, tmp_path / "d") as disk:
+        disk.load_state_dict({**ram.state_dict(), "cursor": 3, "size": 9})
+        assert (disk.cursor, disk.size) == (3, 9)
+        assert_batch_equal(disk.read(slice(0, CAP)), ram.read(slice(0, CAP)))
+        disk.write(slice(0, 2), make_batch(2, seed=7))
+        state = disk.state_dict()
+        assert "data" not in state and state["path"] == str(tmp_path / "d")
+        back = TensorStorage(SPEC, CAP)
+        back.load_state_dict(state)
+        assert_batch_equal(back.read(slice(0, CAP)), disk.read(slice(0, CAP)))
+        with MemmapStorage(SPEC, CAP, tmp_path / "e") as copy:
+            copy.load_state_dict(state)
+            assert_batch_equal(copy.read(slice(0, CAP)), disk.read(slice(0, CAP)))
+            assert copy.cursor == 3
+
+
+# ----------------------------------------------------------------------------- RSS
+RSS_SCRIPT = textwrap.dedent(
+    """
+    import psutil, torch
+    from rlstash.spec import Field, Spec
+    from rlstash.storage import TensorStorage
+    spec = Spec({"obs": Field((1000,), torch.float32), "action": Field((), torch.int64)})
+    chunk = {"obs": torch.ones(64, 1000), "action": torch.arange(64)}
+    warm = TensorStorage(spec, 64)
+    warm.write(slice(0, 64), chunk)
+    warm.read(slice(0, 64))
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+    cap = 50_000  # 4008 bytes per row: ~200 MB
+    s = TensorStorage(spec, cap)
+    for start in range(0, cap - 64 + 1, 64):
+        s.write(slice(start, start + 64), chunk)
+    s.write(slice(cap - 64, cap), chunk)
+    print(proc.memory_info().rss - before, s.nbytes)
+    """
+)
+
+
+def test_rss_grows_by_the_stored_bytes_only():
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run(
+        [sys.executable, "-c", RSS_SCRIPT], capture_output=True, text=True, timeout=120, cwd=root
+    )
+    assert res.returncode == 0, res.stderr
+    grew, stored = map(int, res.stdout.split())
+    assert stored == 50_000 * 4008
+    assert 0.98 * stored <= grew <= 1.02 * stored, (grew, stored)
+
+
+# ----------------------------------------------------------------------------- disk
+def test_memmap_files_and_resume(tmp_path):
+    path = tmp_path / "buf"
+    s = MemmapStorage(SPEC, CAP, path)
+    files = sorted(p.name for p in path.iterdir())
+    assert files == sorted(
+        ["obs.bin", "vec.bin", "action.bin", "done.bin", "half.bin", "obs__aux.bin", "meta.json"]
+    )
+    for name, f in SPEC.items():
+        fname = name.replace("/", "__") + ".bin"
+        assert (path / fname).stat().st_size == CAP * f.row_bytes
+        assert (path / fname).stat().st_blocks * 512 >= CAP * f.row_bytes  # reserved, not sparse
+    b = make_batch(CAP, seed=8)
+    s.write(slice(0, 10), rows(b, slice(0, 10)))
+    s.set_cursor(10, 10, extra={"total": 10})
+    s.close()
+    meta = json.loads((path / "meta.json").read_text())
+    assert (meta["cursor"], meta["size"], meta["extra"]) == (10, 10, {"total": 10})
+    r = MemmapStorage(SPEC, CAP, path)
+    assert (r.cursor, r.size, r.extra) == (10, 10, {"total": 10})
+    assert_batch_equal(r.read(slice(0, 10)), rows(b, slice(0, 10)))
+    r.close()
+    o = MemmapStorage.open(path)
+    assert o.spec == SPEC and o.capacity == CAP
+    o.close()
+
+
+def test_memmap_resume_after_garbage_collection(tmp_path):
+    s = MemmapStorage(SPEC, CAP, tmp_path / "buf")
+    s.write(slice(0, 2), make_batch(2))
+    s.set_cursor(2, 2)
+    del s
+    gc.collect()
+    r = MemmapStorage(SPEC, CAP, tmp_path / "buf")  # the lock was released, meta written
+    assert (r.cursor, r.size) == (2, 2)
+    r.close()
+
+
+def test_memmap_spec_mismatch_and_capacity(tmp_path):
+    MemmapStorage(SPEC, CAP, tmp_path / "buf").close()
+    changed = Spec({**dict(SPEC.items()), "vec": Field((4,), torch.float32)})
+    with pytest.raises(ValueError, match=r"field 'vec' is 3:float32, expected 4:float32"):
+        MemmapStorage(changed, CAP, tmp_path / "buf")
+    with pytest.raises(ValueError, match="capacity 16, expected 17"):
+        MemmapStorage(SPEC, CAP + 1, tmp_path / "buf")
+
+
+def test_memmap_refuses_foreign_or_damaged_directories(tmp_path):
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not empty and has no meta.json"):
+        MemmapStorage(SPEC, CAP, tmp_path / "foreign")
+    assert [p.name for p in (tmp_path / "foreign").iterdir()] == ["notes.txt"]
+    MemmapStorage(SPEC, CAP, tmp_path / "buf").close()
+    os.truncate(tmp_path / "buf" / "vec.bin", 10)
+    with pytest.raises(ValueError, match=r"vec.bin has 10 bytes, expected 192"):
+        MemmapStorage(SPEC, CAP, tmp_path / "buf")
+    with pytest.raises(ValueError, match="share the file"):
+        MemmapStorage({"a/b": ((), torch.int8), "a__b": ((), torch.int8)}, 4, tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+
+
+def test_open_close_leaks_no_file_descriptors(tmp_path):
+    def fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    MemmapStorage(SPEC, CAP, tmp_path / "buf").close()
+    before = fds()
+    for _ in range(20):
+        s = MemmapStorage(SPEC, CAP, tmp_path / "buf")
+        s.write(slice(0, 2), make_batch(2))
+        s.read(np.array([0, 1]))
+        s.close()
+    gc.collect()
+    assert fds() == before
+
+
+def test_memmap_is_open_once(tmp_path):
+    s = MemmapStorage(SPEC, CAP, tmp_path / "buf")
+    with pytest.raises(RuntimeError, match="already open"):
+        MemmapStorage(SPEC, CAP, tmp_path / "buf")
+    s.close()
+    MemmapStorage(SPEC, CAP, tmp_path / "buf").close()
+
+
+def test_meta_write_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "buf"
+    s = MemmapStorage(SPEC, CAP, path)
+    s.set_cursor(5, 5)
+    s.flush()
+    assert sorted(p.name for p in path.iterdir() if not p.name.endswith(".bin")) == ["meta.json"]
+    # a replace that fails leaves the old meta.json intact and no temp file behind
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "full")))
+    s.set_cursor(7, 7)
+    with pytest.raises(OSError):
+        s.flush()
+    monkeypatch.undo()
+    assert json.loads((path / "meta.json").read_text())["cursor"] == 5
+    assert not list(path.glob(".meta*"))
+    (path / ".meta.json.tmp.999").write_text("{half")  # left by a crash
+    s.close()
+    MemmapStorage(SPEC, CAP, path).close()
+    assert not list(path.glob(".meta*"))
+
+
+def test_set_cursor_checks(tmp_path):
+    with MemmapStorage(SPEC, CAP, tmp_path / "buf") as s:
+        with pytest.raises(ValueError, match="cursor"):
+            s.set_cursor(CAP, 0)
+        with pytest.raises(TypeError):
+            s.set_cursor(0, 0, extra={"x": object()})
+        assert (s.cursor, s.size, s.extra) == (0, 0, {})
+
+
+def test_unsupported_fallocate_is_a_clear_error(tmp_path, monkeypatch):
+    def nope(fd, offset, length):
+        raise OSError(95, "Operation not supported")
+
+    monkeypatch.setattr(os, "posix_fallocate", nope)
+    with pytest.raises(OSError, match="posix_fallocate"):
+        MemmapStorage(SPEC, CAP, tmp_path / "a" / "b")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """An 8 MiB tmpfs mounted for the test (skipped where mounting is not allowed)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command")
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        gc.collect()
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+BIG = Spec({"obs": Field((64, 64), torch.uint8), "action": Field((), torch.int64)})  # 4104 B/row
+
+
+def test_full_disk_is_refused_before_creating_anything(small_fs):
+    with pytest.raises(InsufficientMemoryError) as info:
+        MemmapStorage(BIG, 4_000, small_fs / "buf")  # ~16 MB on an 8 MiB disk
+    msg = str(info.value)
+    assert f"{info.value.needed:,} bytes" in msg
+    assert info.value.needed >= BIG.nbytes(4_000)
+    assert f"{info.value.free:,} bytes" in msg and info.value.free <= 8 << 20
+    assert "disk" in msg and "capacity <=" in msg
+    assert list(small_fs.iterdir()) == []
+
+
+def test_full_disk_midway_leaves_nothing(small_fs):
+    # skip the plan's refusal: posix_fallocate itself runs out of space on the second file
+    spec = Spec({"a": Field((1024,), torch.uint8), "b": Field((1024,), torch.uint8)})
+    with pytest.raises(InsufficientMemoryError) as info:
+        MemmapStorage(spec, 6_000, small_fs / "x" / "y", allow_overcommit=True)  # 12 MB
+    msg = str(info.value)
+    assert f"{info.value.needed:,} bytes" in msg and f"{info.value.free:,} bytes" in msg
+    assert "Nothing was left behind" in msg
+    assert list(small_fs.iterdir()) == []
+
+
+def test_storage_that_fits_fills_completely(small_fs):
+    cap = 1_500  # 4104 * 1500 = ~5.9 MiB of 8 MiB
+    s = MemmapStorage(BIG, cap, small_fs / "buf")
+    last = {"obs": torch.full((1, 64, 64), 7, dtype=torch.uint8), "action": torch.tensor([42])}
+    chunk = {"obs": torch.full((100, 64, 64), 3, dtype=torch.uint8), "action": torch.arange(100)}
+    for start in range(0, cap - 100, 100):
+        s.write(slice(start, start + 100), chunk)
+    s.write(np.array([cap - 1]), last)  # the very last row: no SIGBUS, the pages are reserved
+    s.set_cursor(0, cap)
+    s.close()
+    r = MemmapStorage(BIG, cap, small_fs / "buf")
+    assert_batch_equal(r.read(np.array([cap - 1])), last)
+    assert r.size == cap
+    r.close()
