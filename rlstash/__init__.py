@@ -1,3 +1,78 @@
-"""rlstash: reinforcement-learning experience, collected in parallel, stored once, delivered anywhere."""
+"""rlstash: reinforcement-learning experience, collected in parallel, stored once, delivered anywhere.
+
+Public API (imported lazily, so that env worker processes importing ``rlstash.envs.worker``
+never pull in torch)::
+
+    from rlstash import Spec, Field, ReplayBuffer, TensorStorage, MemmapStorage, StreamStorage
+    from rlstash import UniformSampler, PrioritizedSampler, SequenceSampler, plan
+    from rlstash import EnvPool, Collector, DQN, SAC, DiscreteSAC, RateLimiter
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    # data
+    "Spec": "rlstash.spec",
+    "Field": "rlstash.spec",
+    "plan": "rlstash.memory",
+    "MemoryPlan": "rlstash.memory",
+    "InsufficientMemoryError": "rlstash.memory",
+    "TensorStorage": "rlstash.storage.ram",
+    "MemmapStorage": "rlstash.storage.disk",
+    "StreamStorage": "rlstash.storage.stream",
+    "TieredStorage": "rlstash.storage.tiered",
+    "BootstrapMask": "rlstash.storage.bootstrap",
+    "UniformSampler": "rlstash.sampler",
+    "PrioritizedSampler": "rlstash.sampler",
+    "SequenceSampler": "rlstash.sampler",
+    "RingWriter": "rlstash.writer",
+    "ReplayBuffer": "rlstash.replay",
+    "Delivery": "rlstash.device",
+    "RateLimiter": "rlstash.ratelimit",
+    # envs and collection
+    "EnvPool": "rlstash.envs.pool",
+    "WorkerFailedError": "rlstash.envs.pool",
+    "Collector": "rlstash.collect.sync",
+    "AsyncCollector": "rlstash.collect.async_",
+    # agents
+    "DQN": "rlstash.agents.dqn",
+    "DQNConfig": "rlstash.agents.dqn",
+    "SAC": "rlstash.agents.sac",
+    "SACConfig": "rlstash.agents.sac",
+    "DiscreteSAC": "rlstash.agents.sac_discrete",
+    "DiscreteSACConfig": "rlstash.agents.sac_discrete",
+    "HistorySummarizer": "rlstash.agents.history",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlstash' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
+    from rlstash.collect.sync import Collector
+    from rlstash.device import Delivery
+    from rlstash.memory import InsufficientMemoryError, MemoryPlan, plan
+    from rlstash.ratelimit import RateLimiter
+    from rlstash.replay import ReplayBuffer
+    from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler
+    from rlstash.spec import Field, Spec
+    from rlstash.storage.disk import MemmapStorage
+    from rlstash.storage.ram import TensorStorage
+    from rlstash.writer import RingWriter

@@ -167,8 +167,13 @@ class ReplayBuffer:
             ctx = self._ctx
             ctx.size, ctx.cursor = self.writer.size, self.writer.cursor
             ctx.valid = getattr(self.storage, "valid", None)
+            ctx.window = getattr(self.storage, "window", None)
             index, extra = self.sampler.sample(batch_size, ctx)
-            batch = self.storage.read(index)
+            if index.ndim == 1:
+                batch = self.storage.read(index)
+            else:  # windows [B, L] (sequence sampler): gather flat, then [B, L, ...]
+                flat = self.storage.read(index.reshape(-1))
+                batch = {k: v.reshape(*index.shape, *v.shape[1:]) for k, v in flat.items()}
         batch["index"] = torch.from_numpy(index)
         for key, value in extra.items():
             batch[key] = torch.from_numpy(value)
@@ -285,7 +290,7 @@ class ReplayBuffer:
         storage = storage_from_state(state["storage"])
         rb = cls(
             storage,
-            sampler=state["sampler"],
+            sampler=None,  # the saved sampler replaces the default below, untouched by reset()
             transforms=transforms,
             device=device,
             pin_memory=pin_memory,
