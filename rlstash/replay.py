@@ -69,7 +69,8 @@ class ReplayBuffer:
         prefetch: int = 0,
         seed: int | None = None,
     ) -> None:
-        if not isinstance(storage, Storage):
+        placed = callable(getattr(storage, "extend", None)) and hasattr(storage, "valid")
+        if not placed and not isinstance(storage, Storage):
             raise TypeError(
                 f"storage: expected a Storage (TensorStorage, MemmapStorage, ...), got {type(storage).__name__}"
             )
@@ -86,6 +87,9 @@ class ReplayBuffer:
 
             sampler = UniformSampler()
         self.storage = storage
+        # A storage that places rows itself (the stream storage's per-env lanes) replaces the
+        # ring writer: it says where rows went, which starts are valid, and how windows run.
+        self._placed = placed
         self.sampler = sampler
         self.writer = RingWriter(storage.capacity)
         self.transforms = transforms
@@ -105,7 +109,7 @@ class ReplayBuffer:
         return self.storage.capacity
 
     def __len__(self) -> int:
-        return self.writer.size
+        return int(self.storage.size) if self._placed else self.writer.size
 
     def __repr__(self) -> str:
         return (
@@ -121,6 +125,11 @@ class ReplayBuffer:
         writing them one by one would.
         """
         self._check_open()
+        if self._placed:
+            with self._lock:
+                index = self.storage.extend(batch)  # validated there: a bad batch writes nothing
+                self.sampler.on_write(index, self.storage.step_flags(index))
+            return index
         data = self.storage.spec.validate(batch)
         n = next(iter(data.values())).shape[0]
         cap = self.capacity
@@ -162,10 +171,13 @@ class ReplayBuffer:
 
     def _sample_now(self, batch_size: int) -> Batch:
         with self._lock:
-            if self.writer.size == 0:
+            if len(self) == 0:
                 raise ValueError("sample: the buffer is empty; extend it before sampling")
             ctx = self._ctx
-            ctx.size, ctx.cursor = self.writer.size, self.writer.cursor
+            if self._placed:  # candidates anywhere; ``valid`` says which rows are starts
+                ctx.size, ctx.cursor = self.capacity, 0
+            else:
+                ctx.size, ctx.cursor = self.writer.size, self.writer.cursor
             ctx.valid = getattr(self.storage, "valid", None)
             ctx.window = getattr(self.storage, "window", None)
             index, extra = self.sampler.sample(batch_size, ctx)
@@ -230,6 +242,11 @@ class ReplayBuffer:
 
     def _resume_from_storage(self) -> None:
         """A reopened disk storage knows its cursor; pick it up (resume after a crash)."""
+        if self._placed:
+            written = np.flatnonzero(self.storage.written)
+            if written.size:
+                self.sampler.on_write(written, self.storage.step_flags(written))
+            return
         size = getattr(self.storage, "size", 0) or 0
         if size:
             self.writer.cursor = int(getattr(self.storage, "cursor", 0))

@@ -43,4 +43,18 @@ def register_kind(kind: str, rebuild: Any) -> None:
     _EXTRA_KINDS[kind] = rebuild
 
 
-__all__ = ["ArrayStorage", "MemmapStorage", "TensorStorage", "register_kind", "storage_from_state"]
+from rlstash.storage.bootstrap import BootstrapMask  # noqa: E402
+from rlstash.storage.stream import ReadSpec, StreamStorage  # noqa: E402
+from rlstash.storage.tiered import TieredStorage  # noqa: E402
+
+__all__ = [
+    "ArrayStorage",
+    "BootstrapMask",
+    "MemmapStorage",
+    "ReadSpec",
+    "StreamStorage",
+    "TensorStorage",
+    "TieredStorage",
+    "register_kind",
+    "storage_from_state",
+]

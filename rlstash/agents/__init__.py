@@ -1,0 +1,56 @@
+"""Agents: DQN, SAC (continuous) and discrete SAC for huge action sets; see :mod:`.base`."""
+
+from rlstash.agents.actions import (
+    ActionFeatures,
+    ActionHead,
+    ActionMask,
+    EmbeddingActionHead,
+    LinearActionHead,
+    chunked_argmax,
+    chunked_logsumexp,
+    gumbel_scores,
+    pack_mask,
+    sample_softmax,
+    sample_uniform,
+    soft_policy_objective,
+    softmax_stats,
+)
+from rlstash.agents.base import Agent, AgentBase, check_batch
+from rlstash.agents.dqn import DQN, DQNConfig
+from rlstash.agents.history import HistorySummarizer, HistoryWindow
+from rlstash.agents.sac import SAC, SACConfig
+from rlstash.agents.sac_discrete import DiscreteSAC, DiscreteSACConfig
+from rlstash.agents.schedules import ConstantSchedule, LinearSchedule, epsilon_schedule
+
+ALGOS = {"dqn": DQN, "sac": SAC, "sac_discrete": DiscreteSAC}
+
+__all__ = [
+    "ALGOS",
+    "DQN",
+    "SAC",
+    "ActionFeatures",
+    "ActionHead",
+    "ActionMask",
+    "Agent",
+    "AgentBase",
+    "ConstantSchedule",
+    "DQNConfig",
+    "DiscreteSAC",
+    "DiscreteSACConfig",
+    "EmbeddingActionHead",
+    "HistorySummarizer",
+    "HistoryWindow",
+    "LinearActionHead",
+    "LinearSchedule",
+    "SACConfig",
+    "check_batch",
+    "chunked_argmax",
+    "chunked_logsumexp",
+    "epsilon_schedule",
+    "gumbel_scores",
+    "pack_mask",
+    "sample_softmax",
+    "sample_uniform",
+    "soft_policy_objective",
+    "softmax_stats",
+]

@@ -1,0 +1,377 @@
+"""The Agent protocol: how an agent acts, learns, and moves its weights between devices.
+
+An agent is used like this (the training loop in :mod:`rlstash.train` is this, plus timing)::
+
+    agent = DQN(obs_shape=(4,), n_actions=2, config=DQNConfig.for_env("CartPole-v1"))
+    action = agent.act(obs)                    # obs [N, *obs_shape] -> action [N] int64, no grad
+    buffer.extend({...})                       # actions stored as int64 indices (never one-hot)
+    batch = buffer.sample(64, device=agent.device)
+    metrics = agent.update(batch)              # {"loss": float, ...} + "td_error": Tensor [B]
+    sampler.update_priorities(idx, metrics["td_error"])    # prioritized replay, if used
+    collector.load_policy(agent.policy_state_dict())       # explicit weight transfer to actors
+    save(agent.state_dict())                   # networks, optimizers, counters, RNG
+
+The batch contract (what the replay buffer delivers, already on ``agent.device``):
+
+=================== ============================ =============================================
+field               shape, dtype                 meaning
+=================== ============================ =============================================
+obs, next_obs       [B, *obs_shape]              uint8 pixels stay uint8; nets scale them
+action              [B] int64 / [B, act_dim] f32 discrete index / continuous env action
+reward              [B] float32                  n-step: already sum_k gamma^k r_{t+k}
+terminated          [B] bool                     true end of the MDP (not a time-limit cut)
+discount            [B] float32, optional        gamma^n for n-step returns; absent = gamma
+weight              [B] float32, optional        importance weights; multiply per-sample losses
+action_mask,        [B, ceil(n/8)] uint8 packed  available actions at obs / next_obs
+next_action_mask    or [B, n] bool, optional     (numpy.packbits bit order); absent = all
+=================== ============================ =============================================
+
+Devices: ``agent.device`` is where the learner lives; ``agent.act_device`` is where ``act`` runs.
+When they differ, ``act`` uses a copy of the policy networks on ``act_device`` that changes only
+when weights are moved explicitly: ``agent.sync_actor()`` or ``load_policy_state_dict``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from rlstash.agents.actions import ActionMask
+
+Batch = dict[str, torch.Tensor]
+
+
+@runtime_checkable
+class Agent(Protocol):
+    """What the training loop and the collectors rely on."""
+
+    device: torch.device  # the learner's device
+    act_device: torch.device  # where ``act`` runs (a copy of the policy when != device)
+
+    def act(
+        self, obs: torch.Tensor, deterministic: bool = False, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Actions for a batch of observations [N, *obs_shape], on ``act_device``, no grad."""
+        ...
+
+    def update(self, batch: Batch) -> dict[str, Any]:
+        """One gradient step; float metrics plus ``"td_error"`` [B] (detached, >= 0)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def policy_state_dict(self) -> dict[str, Any]:
+        """The weights needed to act (shares storage with the learner: copy before mutating)."""
+        ...
+
+    def load_policy_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def to(
+        self, device: torch.device | str, act_device: torch.device | str | None = None
+    ) -> Any: ...
+
+
+# --- configuration -------------------------------------------------------------------------
+
+
+def hp(default: Any, help: str) -> Any:
+    """A hyperparameter field: its default and the help text the CLI shows for ``--key``."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+class ConfigMixin:
+    """Shared helpers of the agents' hyperparameter dataclasses."""
+
+    PRESETS: dict[str, dict[str, Any]] = {}
+
+    @classmethod
+    def for_env(cls, env_id: str | None = None, **overrides: Any) -> Any:
+        """Defaults, then the preset of ``env_id`` (if any), then ``overrides``."""
+        values = dict(cls.PRESETS.get(env_id, {})) if env_id else {}
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def help(cls) -> dict[str, str]:
+        """Field name -> help text (for the CLI and --config files)."""
+        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def check_positive(config: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if not value > 0:
+            raise ValueError(f"{name}: expected > 0, got {value!r}")
+
+
+def check_common(config: Any) -> None:
+    """Validation shared by every agent config (raises ValueError naming the field)."""
+    check_positive(config, "learning_rate", "batch_size", "total_steps", "buffer_size")
+    check_positive(config, "train_freq", "gradient_steps", "n_steps")
+    if config.learning_starts < 0:
+        raise ValueError(f"learning_starts: expected >= 0 env steps, got {config.learning_starts}")
+    if hasattr(config, "action_chunk"):
+        check_positive(config, "action_chunk")
+    if not 0.0 < config.gamma <= 1.0:
+        raise ValueError(f"gamma: expected a discount in (0, 1], got {config.gamma}")
+    if hasattr(config, "tau") and not 0.0 < config.tau <= 1.0:
+        raise ValueError(f"tau: expected a Polyak coefficient in (0, 1], got {config.tau}")
+    if any((not isinstance(h, int)) or h <= 0 for h in config.net_arch):
+        raise ValueError(f"net_arch: expected positive layer widths, got {config.net_arch!r}")
+    if config.target_update_interval < 1:
+        raise ValueError(
+            f"target_update_interval: expected >= 1 update, got {config.target_update_interval}"
+        )
+
+
+# --- batches -------------------------------------------------------------------------------
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Same device type, and same index when both name one."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
+def check_batch(
+    batch: Mapping[str, Any],
+    *,
+    obs_shape: tuple[int, ...],
+    device: torch.device,
+    n_actions: int | None = None,
+    act_dim: int | None = None,
+) -> int:
+    """Validate a batch against the contract above; returns B. Raises naming the field."""
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"batch: expected a dict of tensors, got {type(batch).__name__}")
+    for key in ("obs", "action", "reward", "next_obs", "terminated"):
+        if key not in batch:
+            raise ValueError(f"batch: missing field {key!r}; got fields {sorted(batch)}")
+    for key, value in batch.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"batch[{key!r}]: expected a torch.Tensor, got {type(value).__name__}")
+        if not same_device(value.device, device):
+            raise ValueError(
+                f"batch[{key!r}]: expected a tensor on the learner device {device}, got one on "
+                f"{value.device}; sample with device={str(device)!r}"
+            )
+    bsz = batch["obs"].shape[0] if batch["obs"].dim() > 0 else 0
+    want = {"obs": (bsz, *obs_shape), "next_obs": (bsz, *obs_shape), "reward": (bsz,)}
+    want.update({"terminated": (bsz,), "discount": (bsz,), "weight": (bsz,)})
+    want["action"] = (bsz,) if n_actions is not None else (bsz, act_dim)
+    for key, shape in want.items():
+        if key in batch and tuple(batch[key].shape) != shape:
+            raise ValueError(
+                f"batch[{key!r}]: expected shape {list(shape)}, got {list(batch[key].shape)}"
+            )
+    for key in ("reward", "discount", "weight"):
+        if key in batch and not batch[key].is_floating_point():
+            raise TypeError(f"batch[{key!r}]: expected a float tensor, got {batch[key].dtype}")
+    if batch["terminated"].dtype != torch.bool:
+        raise TypeError(
+            f"batch['terminated']: expected torch.bool, got {batch['terminated'].dtype}"
+        )
+    action = batch["action"]
+    if n_actions is not None:
+        if action.dtype != torch.int64:
+            raise TypeError(f"batch['action']: expected int64 action indices, got {action.dtype}")
+        if bsz and bool(((action < 0) | (action >= n_actions)).any()):
+            bad = action[(action < 0) | (action >= n_actions)][0].item()
+            raise ValueError(f"batch['action']: expected indices in [0, {n_actions}), got {bad}")
+        for key in ("action_mask", "next_action_mask"):
+            if key in batch:
+                ActionMask(batch[key], n_actions, name=f"batch[{key!r}]", rows=bsz)
+    elif not action.is_floating_point():
+        raise TypeError(f"batch['action']: expected float continuous actions, got {action.dtype}")
+    return bsz
+
+
+@contextlib.contextmanager
+def seeded_init(seed: int) -> Iterator[None]:
+    """Build networks with torch's CPU generator seeded by ``seed``, restoring it afterwards
+    (nn.Module initializers draw from the global CPU generator; CUDA is never touched)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(int(seed))
+        yield
+
+
+def optimize(
+    opt: torch.optim.Optimizer, loss: torch.Tensor, max_grad_norm: float | None = None
+) -> float:
+    """zero_grad, backward, clip the global grad norm (if given), step; returns the norm (or 0)."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    norm = 0.0
+    if max_grad_norm is not None:
+        params = [p for group in opt.param_groups for p in group["params"]]
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    opt.step()
+    return norm
+
+
+def adam(params: Any, lr: float) -> torch.optim.Adam:
+    """Adam with the multi-tensor (foreach) implementation, also on CPU (fewer Python loops)."""
+    return torch.optim.Adam(params, lr=lr, foreach=True)
+
+
+def make_generator(device: torch.device, seed: int) -> torch.Generator:
+    """A seeded torch.Generator on ``device`` (CPU generators never touch CUDA)."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int(seed))
+    return gen
+
+
+# --- shared agent plumbing -----------------------------------------------------------------
+
+
+class AgentBase:
+    """Devices, the acting copy, counters, generators and (de)serialization for every agent.
+
+    A subclass builds its networks on CPU, then calls ``_setup(nets, policy_names, optims)``:
+    ``nets`` holds every module with weights (targets included), ``policy_names`` the ones
+    ``act`` needs, and ``optims`` maps a name to a function building an optimizer once the
+    networks are on ``device``.
+    """
+
+    algo = "agent"
+
+    def _init_devices(self, device: Any, act_device: Any, seed: int) -> None:
+        self.device = torch.device(device)
+        self.act_device = torch.device(act_device) if act_device is not None else self.device
+        self.seed = int(seed)
+        self.updates = 0  # gradient steps taken
+        self.env_steps = 0  # env steps acted (non-deterministic act calls), drives epsilon
+        self.learn_gen = make_generator(self.device, self.seed)
+        self.act_gen = make_generator(self.act_device, self.seed + 1)
+
+    def _setup(
+        self, nets: dict[str, nn.Module], policy_names: tuple[str, ...], optims: dict
+    ) -> None:
+        self.nets = {name: net.to(self.device) for name, net in nets.items()}
+        self.policy_names = policy_names
+        self.optims = {name: build() for name, build in optims.items()}
+        self._build_actor()
+
+    def _shares_actor(self) -> bool:
+        """Whether ``act`` runs on the learner's networks (same device) or on a copy."""
+        return same_device(self.act_device, self.device)
+
+    def _build_actor(self) -> None:
+        if self._shares_actor():
+            self.actor = {name: self.nets[name] for name in self.policy_names}
+        else:  # an explicit copy; it changes only through sync_actor / load_policy_state_dict
+            self.actor = {
+                n: copy.deepcopy(self.nets[n]).to(self.act_device) for n in self.policy_names
+            }
+            for net in self.actor.values():
+                net.requires_grad_(False)
+
+    def sync_actor(self) -> None:
+        """Copy the learner's policy weights into the acting copy (no-op when they are shared)."""
+        if any(self.actor[n] is not self.nets[n] for n in self.policy_names):
+            self.load_policy_state_dict(self.policy_state_dict())
+
+    def policy_state_dict(self) -> dict[str, Any]:
+        nets = {name: self.nets[name].state_dict() for name in self.policy_names}
+        return {"algo": self.algo, "nets": nets, "env_steps": self.env_steps}
+
+    def load_policy_state_dict(self, state: dict[str, Any]) -> None:
+        self._check_algo(state)
+        for name in self.policy_names:
+            self.actor[name].load_state_dict(state["nets"][name])
+        self.env_steps = int(state.get("env_steps", self.env_steps))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "algo": self.algo,
+            "config": self.config.to_dict(),
+            "nets": {name: net.state_dict() for name, net in self.nets.items()},
+            "optims": {name: opt.state_dict() for name, opt in self.optims.items()},
+            "counters": {"updates": self.updates, "env_steps": self.env_steps},
+            "rng": {
+                "learn": (self.device.type, self.learn_gen.get_state()),
+                "act": (self.act_device.type, self.act_gen.get_state()),
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._check_algo(state)
+        for name, net in self.nets.items():
+            net.load_state_dict(state["nets"][name])
+        for name, opt in self.optims.items():  # torch keeps the given tensors: copy them
+            opt.load_state_dict(copy.deepcopy(state["optims"][name]))
+        self.updates = int(state["counters"]["updates"])
+        self.env_steps = int(state["counters"]["env_steps"])
+        for key, gen, dev in (
+            ("learn", self.learn_gen, self.device),
+            ("act", self.act_gen, self.act_device),
+        ):
+            dev_type, gen_state = state["rng"][key]
+            if dev_type == dev.type:  # generator states do not transfer across device types
+                gen.set_state(gen_state)
+        self.sync_actor()
+
+    def to(self, device: Any, act_device: Any | None = None) -> AgentBase:
+        """Move the learner (networks and optimizer state) and the acting copy; returns self.
+
+        Generators on a new device type are reseeded from the old generator (their states do
+        not transfer across device types)."""
+        device = torch.device(device)
+        act_device = torch.device(act_device) if act_device is not None else device
+        optim_states = {name: opt.state_dict() for name, opt in self.optims.items()}
+        for net in self.nets.values():
+            net.to(device)
+        for name, opt in self.optims.items():
+            opt.load_state_dict(optim_states[name])  # casts state to the params' new device
+        if device != self.device:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self.learn_gen, device=self.device))
+            self.learn_gen = make_generator(device, seed)
+        if act_device != self.act_device:
+            seed = int(
+                torch.randint(0, 2**62, (1,), generator=self.act_gen, device=self.act_device)
+            )
+            self.act_gen = make_generator(act_device, seed)
+        self.device, self.act_device = device, act_device
+        self._build_actor()
+        return self
+
+    def _prepare_mask(self, mask: Any, n: int, rows: int) -> ActionMask | None:
+        """The ``mask`` argument of ``act`` on ``act_device``, validated (None: all available)."""
+        if mask is None:
+            return None
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"mask: expected a torch.Tensor or None, got {type(mask).__name__}")
+        return ActionMask(mask.to(self.act_device), n, "mask", rows)
+
+    @staticmethod
+    def _check_available(best: torch.Tensor) -> None:
+        """Raise if a row's best available score is -inf (its mask allows no action)."""
+        empty = torch.isneginf(best)
+        if bool(empty.any()):
+            raise ValueError(f"mask: row {int(empty.nonzero()[0])} has no available action")
+
+    def _check_algo(self, state: Mapping[str, Any]) -> None:
+        if not isinstance(state, Mapping) or state.get("algo") != self.algo:
+            got = state.get("algo") if isinstance(state, Mapping) else type(state).__name__
+            raise ValueError(f"state: expected a state dict of a {self.algo} agent, got {got!r}")
+
+    def _prepare_obs(self, obs: torch.Tensor, obs_shape: tuple[int, ...]) -> torch.Tensor:
+        if not isinstance(obs, torch.Tensor):
+            raise TypeError(
+                f"obs: expected a torch.Tensor [N, *{obs_shape}], got {type(obs).__name__}"
+            )
+        if tuple(obs.shape[1:]) != tuple(obs_shape) or obs.dim() != len(obs_shape) + 1:
+            raise ValueError(
+                f"obs: expected shape [N, {', '.join(map(str, obs_shape))}], got {list(obs.shape)}"
+            )
+        return obs.to(self.act_device)

@@ -1,0 +1,203 @@
+"""DQN: double DQN with a target network, n-step targets, epsilon-greedy acting.
+
+Works for any number of discrete actions: argmax over actions runs in chunks, Q(s, a) of the
+taken action is a gather, and actions are int64 indices (never one-hot).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from rlstash.agents.actions import ActionFeatures, ActionMask, chunked_argmax, sample_uniform
+from rlstash.agents.base import (
+    AgentBase,
+    Batch,
+    ConfigMixin,
+    adam,
+    check_batch,
+    check_common,
+    hp,
+    optimize,
+    seeded_init,
+)
+from rlstash.agents.nets import make_discrete_net, polyak_update
+from rlstash.agents.schedules import epsilon_schedule
+
+# RL Zoo (rl-baselines3-zoo hyperparams/dqn.yml) settings, in rlstash units. The zoo's CartPole
+# target_update_interval=10 counts env steps, checked only while collecting: with train_freq=256
+# and gradient_steps=128 the target stays frozen through each burst of 128 updates, i.e. a hard
+# copy every 128 updates.
+PRESETS: dict[str, dict[str, Any]] = {
+    "CartPole-v1": dict(
+        learning_rate=2.3e-3,
+        batch_size=64,
+        buffer_size=100_000,
+        learning_starts=1000,
+        gamma=0.99,
+        target_update_interval=128,
+        train_freq=256,
+        gradient_steps=128,
+        exploration_fraction=0.16,
+        exploration_final_eps=0.04,
+        net_arch=(256, 256),
+        total_steps=50_000,
+    ),
+}
+
+
+@dataclass
+class DQNConfig(ConfigMixin):
+    """DQN hyperparameters (defaults: Stable-Baselines3's; per-env presets in ``PRESETS``)."""
+
+    learning_rate: float = hp(1e-4, "Adam step size.")
+    gamma: float = hp(0.99, "Discount per step; a batch's 'discount' field (gamma^n) overrides it.")
+    batch_size: int = hp(32, "Transitions per update (read by the training loop).")
+    buffer_size: int = hp(1_000_000, "Replay capacity in transitions (read by the training loop).")
+    learning_starts: int = hp(100, "Env steps collected before the first update (training loop).")
+    train_freq: int = hp(4, "Env steps between rounds of updates (training loop).")
+    gradient_steps: int = hp(1, "Updates per round (training loop).")
+    n_steps: int = hp(1, "n of n-step returns; the storage rebuilds them on read.")
+    total_steps: int = hp(1_000_000, "Env steps of the run; epsilon decays over a fraction of it.")
+    target_update_interval: int = hp(
+        2500, "Updates between target updates (SB3's 10,000 env steps at train_freq 4)."
+    )
+    tau: float = hp(1.0, "Target update: 1 = hard copy, < 1 = Polyak average tau*online.")
+    exploration_fraction: float = hp(0.1, "Fraction of total_steps over which epsilon decays.")
+    exploration_initial_eps: float = hp(1.0, "Epsilon at step 0.")
+    exploration_final_eps: float = hp(0.05, "Epsilon after the decay.")
+    max_grad_norm: float = hp(10.0, "Clip the global gradient L2 norm to this.")
+    net_arch: tuple[int, ...] = hp((64, 64), "MLP hidden widths (unused after the Nature CNN).")
+    action_head: str = hp("linear", "'linear' (a weight row per action) or 'embedding'.")
+    action_embed_dim: int = hp(64, "Learned action-embedding width (embedding head, no features).")
+    learn_action_embeddings: bool = hp(True, "Learn the action table; False keeps features fixed.")
+    action_chunk: int = hp(8192, "Actions scored per chunk; extra memory O(batch * chunk).")
+    history_hidden: int = hp(0, "LSTM width over (k, obs_dim) windows; 0 = no LSTM.")
+    seed: int = hp(0, "Seed of network init and the agent's torch generators.")
+
+    PRESETS = PRESETS
+
+    def __post_init__(self) -> None:
+        self.net_arch = tuple(self.net_arch)
+        check_common(self)
+        epsilon_schedule(
+            self.exploration_initial_eps,
+            self.exploration_final_eps,
+            self.exploration_fraction,
+            self.total_steps,
+        )
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm: expected > 0 or None, got {self.max_grad_norm}")
+
+
+class DQN(AgentBase):
+    """Double DQN (van Hasselt et al. 2016) over ``n_actions`` discrete actions.
+
+    ``act`` is epsilon-greedy over the available actions: epsilon follows the linear schedule
+    at ``env_steps`` (advanced by every non-deterministic ``act`` call by its batch size)."""
+
+    algo = "dqn"
+
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        n_actions: int,
+        config: DQNConfig | None = None,
+        device: torch.device | str = "cpu",
+        act_device: torch.device | str | None = None,
+        action_features: torch.Tensor | ActionFeatures | None = None,
+    ):
+        self.config = config if config is not None else DQNConfig()
+        if not isinstance(self.config, DQNConfig):
+            raise TypeError(f"config: expected a DQNConfig, got {type(self.config).__name__}")
+        if isinstance(n_actions, bool) or not isinstance(n_actions, int) or n_actions < 1:
+            raise ValueError(f"n_actions: expected an int >= 1, got {n_actions!r}")
+        cfg = self.config
+        self.obs_shape, self.n_actions = tuple(obs_shape), n_actions
+        if isinstance(action_features, torch.Tensor):
+            action_features = ActionFeatures(action_features)
+        self._init_devices(device, act_device, cfg.seed)
+        with seeded_init(cfg.seed):
+            q = make_discrete_net(
+                self.obs_shape, n_actions, cfg.net_arch, cfg.action_head, cfg.action_embed_dim,
+                action_features, cfg.learn_action_embeddings, cfg.history_hidden,
+            )  # fmt: skip
+        target = copy.deepcopy(q).requires_grad_(False)
+        optim = {"q": lambda: adam(self.nets["q"].parameters(), cfg.learning_rate)}
+        self._setup({"q": q, "q_target": target}, ("q",), optim)
+        self.schedule = epsilon_schedule(
+            cfg.exploration_initial_eps, cfg.exploration_final_eps,
+            cfg.exploration_fraction, cfg.total_steps,
+        )  # fmt: skip
+
+    @property
+    def epsilon(self) -> float:
+        return self.schedule(self.env_steps)
+
+    def act(
+        self, obs: torch.Tensor, deterministic: bool = False, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Epsilon-greedy actions [N] int64 on ``act_device``; masked actions never chosen."""
+        obs = self._prepare_obs(obs, self.obs_shape)  # [N, *obs_shape]
+        rows, n, chunk, dev = (
+            obs.shape[0],
+            self.n_actions,
+            self.config.action_chunk,
+            self.act_device,
+        )
+        mask = self._prepare_mask(mask, n, rows)
+        with torch.no_grad():
+            q = self.actor["q"]
+            best, greedy = chunked_argmax(q.head.score_fn(q.embed(obs)), n, chunk, mask)  # [N]
+            self._check_available(best)
+            if deterministic:
+                return greedy
+            explore = torch.rand(rows, generator=self.act_gen, device=dev) < self.epsilon  # [N]
+            random = sample_uniform(rows, n, chunk, self.act_gen, dev, mask)  # [N]
+            self.env_steps += rows
+            return torch.where(explore, random, greedy)
+
+    @torch.no_grad()
+    def td_target(self, batch: Batch) -> torch.Tensor:
+        """y = r + d (1 - terminated) Q_target(s', argmax_{a' available} Q_online(s', a')), [B].
+
+        d is the batch's "discount" (gamma^n, n-step; r is then sum_{k<n} gamma^k r_{t+k}) or
+        gamma. A next state without available actions (all-zero next mask) bootstraps 0."""
+        n, chunk, next_obs = self.n_actions, self.config.action_chunk, batch["next_obs"]
+        q, target = self.nets["q"], self.nets["q_target"]
+        next_mask = ActionMask.of(batch.get("next_action_mask"), n, "next_action_mask")
+        best, next_a = chunked_argmax(
+            q.head.score_fn(q.embed(next_obs)), n, chunk, next_mask
+        )  # [B]
+        next_q = target.head.score_actions(target.embed(next_obs), next_a)  # [B]
+        next_q = next_q.masked_fill(batch["terminated"] | torch.isneginf(best), 0.0)  # [B]
+        return batch["reward"] + batch.get("discount", self.config.gamma) * next_q  # [B]
+
+    def update(self, batch: Batch) -> dict[str, Any]:
+        """One gradient step on L = mean_i w_i Huber(Q(s_i, a_i) - y_i) (y: :meth:`td_target`;
+        w: the batch's "weight" or 1), clipped to max_grad_norm; then every
+        target_update_interval updates theta_target <- (1 - tau) theta_target + tau theta."""
+        cfg = self.config
+        check_batch(batch, obs_shape=self.obs_shape, device=self.device, n_actions=self.n_actions)
+        q_net, target = self.nets["q"], self.nets["q_target"]
+        y = self.td_target(batch)  # [B]
+        q = q_net.head.score_actions(q_net.embed(batch["obs"]), batch["action"])  # [B]
+        per_sample = F.smooth_l1_loss(q, y, reduction="none")  # [B]
+        if "weight" in batch:
+            per_sample = per_sample * batch["weight"]
+        loss = per_sample.mean()
+        grad_norm = optimize(self.optims["q"], loss, cfg.max_grad_norm)
+        self.updates += 1
+        if self.updates % cfg.target_update_interval == 0:
+            polyak_update(target, q_net, cfg.tau)
+        return {
+            "loss": loss.item(),
+            "q_mean": q.mean().item(),
+            "grad_norm": grad_norm,
+            "epsilon": self.epsilon,
+            "td_error": (q - y).abs().detach(),  # [B]
+        }

@@ -1,0 +1,209 @@
+"""Network building blocks: MLP, the Nature CNN, observation encoders, Polyak averaging.
+
+``make_encoder(obs_shape, net_arch)`` picks the trunk from the observation shape:
+
+- (C, H, W) with H, W >= 36: the Nature CNN (Mnih et al. 2015) -> 512 features; uint8 pixels
+  are scaled by 1/255 inside the network (the buffer keeps them uint8). ``net_arch`` is not used.
+- (k, obs_dim) with ``history_hidden > 0``: a :class:`HistorySummarizer` LSTM over the window,
+  then an MLP of ``net_arch``.
+- anything else: flattened, cast to float32, then an MLP of ``net_arch`` (ReLU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import nn
+
+from rlstash.agents.actions import ActionFeatures, ActionHead, EmbeddingActionHead, LinearActionHead
+from rlstash.agents.history import HistorySummarizer
+
+
+class MLP(nn.Sequential):
+    """in_dim -> hidden[0] -> ... -> hidden[-1] (-> out_dim), ReLU between layers.
+
+    Without ``out_dim`` the last hidden layer (after its activation) is the output."""
+
+    def __init__(self, in_dim: int, hidden: Sequence[int], out_dim: int | None = None):
+        layers: list[nn.Module] = []
+        dim = in_dim
+        for width in hidden:
+            layers += [nn.Linear(dim, width), nn.ReLU()]
+            dim = width
+        if out_dim is not None:
+            layers.append(nn.Linear(dim, out_dim))
+            dim = out_dim
+        super().__init__(*layers)
+        self.out_dim = dim
+
+
+class NatureCNN(nn.Module):
+    """Conv 32x8/4 -> 64x4/2 -> 64x3/1 -> Linear 512, ReLU; uint8 input scaled by 1/255."""
+
+    def __init__(self, obs_shape: Sequence[int], features: int = 512):
+        super().__init__()
+        channels, height, width = obs_shape
+        self.convs = nn.Sequential(
+            nn.Conv2d(channels, 32, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        for k, s in ((8, 4), (4, 2), (3, 1)):
+            height, width = (height - k) // s + 1, (width - k) // s + 1
+        self.fc = nn.Sequential(nn.Linear(64 * height * width, features), nn.ReLU())
+        self.out_dim = features
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:  # [B, C, H, W] -> [B, 512]
+        x = obs.float() / 255.0 if obs.dtype == torch.uint8 else obs.float()
+        return self.fc(self.convs(x))
+
+
+class Flatten(nn.Module):
+    """[B, *shape] (any number dtype) -> [B, prod(shape)] float32."""
+
+    def __init__(self, obs_shape: Sequence[int]):
+        super().__init__()
+        self.out_dim = int(math.prod(obs_shape))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs.reshape(obs.shape[0], -1).float()
+
+
+class Encoder(nn.Module):
+    """Observation [B, *obs_shape] -> features [B, out_dim]."""
+
+    def __init__(self, features: nn.Module, mlp: nn.Module, out_dim: int):
+        super().__init__()
+        self.features, self.mlp, self.out_dim = features, mlp, out_dim
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.features(obs))
+
+
+def is_image(obs_shape: Sequence[int]) -> bool:
+    return len(obs_shape) == 3 and obs_shape[1] >= 36 and obs_shape[2] >= 36
+
+
+def make_encoder(
+    obs_shape: Sequence[int], net_arch: Sequence[int], history_hidden: int = 0
+) -> Encoder:
+    """The trunk for ``obs_shape`` (see the module docstring); ``.out_dim`` is its width."""
+    obs_shape = tuple(int(d) for d in obs_shape)
+    if not obs_shape or any(d <= 0 for d in obs_shape):
+        raise ValueError(f"obs_shape: expected positive dimensions, got {obs_shape}")
+    if is_image(obs_shape):
+        cnn = NatureCNN(obs_shape)
+        return Encoder(cnn, nn.Identity(), cnn.out_dim)
+    if history_hidden > 0:
+        if len(obs_shape) != 2:
+            raise ValueError(
+                f"history_hidden: needs windowed observations (k, obs_dim), got obs_shape {obs_shape}"
+            )
+        features = HistorySummarizer(obs_shape[1], history_hidden, window=obs_shape[0])
+    else:
+        features = Flatten(obs_shape)
+    mlp = MLP(features.out_dim, net_arch)
+    return Encoder(features, mlp, mlp.out_dim)
+
+
+class DiscreteQNet(nn.Module):
+    """Encoder + action head: ``embed(obs)`` gives u [B, k]; ``head`` scores actions from u."""
+
+    def __init__(self, encoder: Encoder, head: ActionHead):
+        super().__init__()
+        self.encoder, self.head = encoder, head
+
+    def embed(self, obs: torch.Tensor) -> torch.Tensor:  # [B, *obs_shape] -> [B, k]
+        return self.head.project(self.encoder(obs))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """All scores [B, n] (small n only; the agents use chunked reductions)."""
+        return self.head.scores(self.embed(obs))
+
+
+def make_discrete_net(
+    obs_shape: Sequence[int],
+    n_actions: int,
+    net_arch: Sequence[int],
+    action_head: str = "linear",
+    embed_dim: int = 64,
+    features: ActionFeatures | None = None,
+    learn_embeddings: bool = True,
+    history_hidden: int = 0,
+) -> DiscreteQNet:
+    """Encoder for ``obs_shape`` + a linear or embedding head over ``n_actions`` actions."""
+    encoder = make_encoder(obs_shape, net_arch, history_hidden)
+    if action_head == "linear":
+        if features is not None:
+            raise ValueError(
+                "action_features: only used with action_head='embedding', got 'linear'"
+            )
+        head: ActionHead = LinearActionHead(encoder.out_dim, n_actions)
+    elif action_head == "embedding":
+        head = EmbeddingActionHead(
+            encoder.out_dim, n_actions, embed_dim, features, learn_embeddings
+        )
+    else:
+        raise ValueError(f"action_head: expected 'linear' or 'embedding', got {action_head!r}")
+    return DiscreteQNet(encoder, head)
+
+
+class LogAlpha(nn.Module):
+    """The entropy temperature, learned in log space: alpha = exp(log_alpha) > 0."""
+
+    def __init__(self, init_alpha: float):
+        super().__init__()
+        if not init_alpha > 0:
+            raise ValueError(f"init_alpha: expected > 0, got {init_alpha}")
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(init_alpha), dtype=torch.float32))
+
+    def forward(self) -> torch.Tensor:
+        return self.log_alpha.exp()
+
+
+@contextlib.contextmanager
+def frozen(*modules: nn.Module) -> Iterator[None]:
+    """Parameters of ``modules`` take no gradient inside the block (gradients still flow
+    *through* them to their inputs): the actor loss backpropagates through the critics
+    without computing the critics' weight gradients."""
+    params = [p for m in modules for p in m.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
+@torch.no_grad()
+def polyak_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """theta_target <- (1 - tau) theta_target + tau theta_source (tau = 1: hard copy).
+    Buffers (e.g. normalization statistics) are copied."""
+    t_params, s_params = list(target.parameters()), list(source.parameters())
+    if len(t_params) != len(s_params):
+        raise ValueError(
+            f"polyak_update: target has {len(t_params)} parameters, source {len(s_params)}"
+        )
+    if tau == 1.0:
+        torch._foreach_copy_(t_params, s_params)
+    else:
+        torch._foreach_lerp_(t_params, s_params, tau)
+    for t_buf, s_buf in zip(target.buffers(), source.buffers()):
+        t_buf.copy_(s_buf)
+
+
+def param_bytes(*modules: nn.Module) -> int:
+    """Bytes held by parameters and buffers (each tensor counted once)."""
+    seen: dict[int, int] = {}
+    for module in modules:
+        for t in list(module.parameters()) + list(module.buffers()):
+            seen[id(t)] = t.numel() * t.element_size()
+    return sum(seen.values())

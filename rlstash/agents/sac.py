@@ -1,0 +1,271 @@
+"""SAC for continuous actions: twin critics, Polyak target critics, a tanh-squashed Gaussian
+actor, and automatic entropy tuning (Haarnoja et al. 2018, as in Stable-Baselines3).
+
+The actor works in [-1, 1]^A; ``act`` rescales to the Box bounds given at construction and the
+critics see actions rescaled back to [-1, 1]. Log-probabilities and the entropy target
+(-act_dim) are those of the squashed [-1, 1] actions, as in Stable-Baselines3.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlstash.agents.base import (
+    AgentBase,
+    Batch,
+    ConfigMixin,
+    adam,
+    check_batch,
+    check_common,
+    hp,
+    optimize,
+    seeded_init,
+)
+from rlstash.agents.nets import MLP, LogAlpha, frozen, make_encoder, polyak_update
+
+# RL Zoo (hyperparams/sac.yml): Pendulum-v1 changes only the learning rate and the run length.
+PRESETS: dict[str, dict[str, Any]] = {
+    "Pendulum-v1": dict(learning_rate=1e-3, total_steps=20_000),
+}
+
+
+@dataclass
+class SACConfig(ConfigMixin):
+    """SAC hyperparameters (defaults: Stable-Baselines3's; per-env presets in ``PRESETS``)."""
+
+    learning_rate: float = hp(3e-4, "Adam step size of actor, critics and temperature.")
+    gamma: float = hp(0.99, "Discount per step; a batch's 'discount' field (gamma^n) overrides it.")
+    batch_size: int = hp(256, "Transitions per update (read by the training loop).")
+    buffer_size: int = hp(1_000_000, "Replay capacity in transitions (read by the training loop).")
+    learning_starts: int = hp(100, "Env steps collected before the first update (training loop).")
+    train_freq: int = hp(1, "Env steps between rounds of updates (training loop).")
+    gradient_steps: int = hp(1, "Updates per round (training loop).")
+    n_steps: int = hp(1, "n of n-step returns; the storage rebuilds them on read.")
+    total_steps: int = hp(1_000_000, "Env steps of the run (training loop).")
+    tau: float = hp(0.005, "Polyak coefficient of the target critics.")
+    target_update_interval: int = hp(1, "Updates between target-critic updates.")
+    init_alpha: float = hp(1.0, "Initial entropy temperature alpha.")
+    autotune_alpha: bool = hp(True, "Learn alpha so that E[-log pi] tracks target_entropy.")
+    target_entropy: float | None = hp(None, "Entropy target; None = -act_dim.")
+    log_std_min: float = hp(-20.0, "Lower clamp of the actor's log standard deviation.")
+    log_std_max: float = hp(2.0, "Upper clamp of the actor's log standard deviation.")
+    max_grad_norm: float | None = hp(None, "Clip each network's gradient L2 norm; None = off.")
+    net_arch: tuple[int, ...] = hp((256, 256), "MLP hidden widths of actor and critics.")
+    seed: int = hp(0, "Seed of network init and the agent's torch generators.")
+
+    PRESETS = PRESETS
+
+    def __post_init__(self) -> None:
+        self.net_arch = tuple(self.net_arch)
+        check_common(self)
+        if not self.log_std_min < self.log_std_max:
+            raise ValueError(
+                f"log_std_min: expected < log_std_max, got {self.log_std_min} >= {self.log_std_max}"
+            )
+        if not self.init_alpha > 0:
+            raise ValueError(f"init_alpha: expected > 0, got {self.init_alpha}")
+
+
+def squashed_log_prob(u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    """log pi(a) [B] of a = tanh(u), u ~ N(mean, exp(log_std)^2), all [B, A]:
+
+    log pi(a) = sum_i log N(u_i; mean_i, std_i) - log(1 - tanh(u_i)^2)
+    log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))      (exact, stable for large |u|)
+    """
+    normal = -0.5 * ((u - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+    correction = 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
+    return (normal - correction).sum(-1)
+
+
+class SquashedGaussianActor(nn.Module):
+    """obs -> (mean, log_std) [B, A]; actions tanh(mean + std * eps) in [-1, 1]^A."""
+
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        act_dim: int,
+        net_arch: tuple[int, ...],
+        log_std_range: tuple[float, float],
+    ):
+        super().__init__()
+        self.encoder = make_encoder(obs_shape, net_arch)
+        self.mean = nn.Linear(self.encoder.out_dim, act_dim)
+        self.log_std = nn.Linear(self.encoder.out_dim, act_dim)
+        self.log_std_range = log_std_range
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.encoder(obs)  # [B, H]
+        return self.mean(h), self.log_std(h).clamp(*self.log_std_range)  # [B, A], [B, A]
+
+    def sample(
+        self, obs: torch.Tensor, generator: torch.Generator, deterministic: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a [B, A] in [-1, 1], log pi(a|s) [B]); reparameterized (gradients flow through a)."""
+        mean, log_std = self(obs)
+        if deterministic:
+            u = mean
+        else:
+            eps = torch.randn(mean.shape, generator=generator, device=mean.device)  # [B, A]
+            u = mean + log_std.exp() * eps
+        return torch.tanh(u), squashed_log_prob(u, mean, log_std)
+
+
+class Critic(nn.Module):
+    """Q(s, a) [B] from features(obs) concatenated with a in [-1, 1]^A."""
+
+    def __init__(self, obs_shape: tuple[int, ...], act_dim: int, net_arch: tuple[int, ...]):
+        super().__init__()
+        self.features = make_encoder(obs_shape, ())
+        self.mlp = MLP(self.features.out_dim + act_dim, net_arch, 1)
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return self.mlp(torch.cat([self.features(obs), action], dim=-1)).squeeze(-1)  # [B]
+
+
+def _bounds(value: Any, name: str, act_dim: int) -> torch.Tensor:
+    t = torch.as_tensor(np.asarray(value, dtype=np.float32)).reshape(-1)
+    if t.numel() == 1:
+        t = t.expand(act_dim).clone()
+    if t.shape != (act_dim,) or not bool(torch.isfinite(t).all()):
+        raise ValueError(
+            f"{name}: expected {act_dim} finite bounds, got {np.asarray(value).tolist()}"
+        )
+    return t
+
+
+class SAC(AgentBase):
+    """SAC over a Box action space with bounds ``low``/``high`` (arrays of act_dim, finite)."""
+
+    algo = "sac"
+
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        act_dim: int,
+        low: Any,
+        high: Any,
+        config: SACConfig | None = None,
+        device: torch.device | str = "cpu",
+        act_device: torch.device | str | None = None,
+    ):
+        cfg = self.config = config if config is not None else SACConfig()
+        if not isinstance(cfg, SACConfig):
+            raise TypeError(f"config: expected a SACConfig, got {type(cfg).__name__}")
+        if isinstance(act_dim, bool) or not isinstance(act_dim, int) or act_dim < 1:
+            raise ValueError(f"act_dim: expected an int >= 1, got {act_dim!r}")
+        self.obs_shape, self.act_dim = tuple(obs_shape), act_dim
+        low_t, high_t = _bounds(low, "low", act_dim), _bounds(high, "high", act_dim)
+        if not bool((low_t < high_t).all()):
+            raise ValueError(
+                f"low/high: expected low < high, got {low_t.tolist()} and {high_t.tolist()}"
+            )
+        self.center, self.scale = (high_t + low_t) / 2, (high_t - low_t) / 2  # [A], [A]
+        self.target_entropy = float(
+            cfg.target_entropy if cfg.target_entropy is not None else -act_dim
+        )
+        self._init_devices(device, act_device, cfg.seed)
+        with seeded_init(cfg.seed):
+            actor = SquashedGaussianActor(
+                self.obs_shape, act_dim, cfg.net_arch, (cfg.log_std_min, cfg.log_std_max)
+            )
+            q1, q2 = (
+                Critic(self.obs_shape, act_dim, cfg.net_arch),
+                Critic(self.obs_shape, act_dim, cfg.net_arch),
+            )
+        nets = {"actor": actor, "q1": q1, "q2": q2, "alpha": LogAlpha(cfg.init_alpha)}
+        nets.update(
+            q1_target=copy.deepcopy(q1).requires_grad_(False),
+            q2_target=copy.deepcopy(q2).requires_grad_(False),
+        )
+        lr = cfg.learning_rate
+        optims = {
+            "actor": lambda: adam(self.nets["actor"].parameters(), lr),
+            "critic": lambda: adam(
+                [*self.nets["q1"].parameters(), *self.nets["q2"].parameters()], lr=lr
+            ),
+            "alpha": lambda: adam(self.nets["alpha"].parameters(), lr),
+        }
+        self._setup(nets, ("actor",), optims)
+
+    @property
+    def alpha(self) -> float:
+        return float(self.nets["alpha"]().detach())
+
+    def act(
+        self, obs: torch.Tensor, deterministic: bool = False, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Actions [N, act_dim] float32 within [low, high] on ``act_device`` (mask: unused)."""
+        if mask is not None:
+            raise ValueError("mask: continuous actions take no availability mask, got a tensor")
+        obs = self._prepare_obs(obs, self.obs_shape)
+        with torch.no_grad():
+            a, _ = self.actor["actor"].sample(obs, self.act_gen, deterministic)  # [N, A] in [-1, 1]
+            if not deterministic:
+                self.env_steps += obs.shape[0]
+            return self.center.to(self.act_device) + self.scale.to(self.act_device) * a
+
+    @torch.no_grad()
+    def td_target(self, batch: Batch, alpha: torch.Tensor) -> torch.Tensor:
+        """y = r + d (1 - terminated) (min_i Q_target_i(s', a') - alpha log pi(a'|s')), a' ~ pi(.|s')
+        with d the batch "discount" (gamma^n) or gamma. [B]"""
+        nets, next_obs = self.nets, batch["next_obs"]
+        next_a, next_logp = nets["actor"].sample(next_obs, self.learn_gen)  # [B, A], [B]
+        next_q = torch.minimum(
+            nets["q1_target"](next_obs, next_a), nets["q2_target"](next_obs, next_a)
+        )
+        soft_v = (next_q - alpha * next_logp).masked_fill(batch["terminated"], 0.0)  # [B]
+        return batch["reward"] + batch.get("discount", self.config.gamma) * soft_v
+
+    def update(self, batch: Batch) -> dict[str, Any]:
+        """One SAC step (Stable-Baselines3's order):
+
+        1. J(alpha) = -E[log alpha (log pi(a|s) + target_entropy)],       a ~ pi(.|s)
+        2. J(Q) = E[w 0.5 sum_i (Q_i(s, a_b) - y)^2],  y from :meth:`td_target`
+        3. J(pi) = E[alpha log pi(a|s) - min_i Q_i(s, a)]                  (reparameterized a)
+        4. every target_update_interval updates: theta_target <- (1 - tau) theta_target + tau theta
+        """
+        cfg, nets = self.config, self.nets
+        check_batch(batch, obs_shape=self.obs_shape, device=self.device, act_dim=self.act_dim)
+        obs = batch["obs"]
+        action = (batch["action"] - self.center.to(self.device)) / self.scale.to(
+            self.device
+        )  # [B, A]
+        a_pi, logp_pi = nets["actor"].sample(obs, self.learn_gen)  # [B, A], [B]
+        alpha_loss = -(nets["alpha"].log_alpha * (logp_pi.detach() + self.target_entropy)).mean()
+        if cfg.autotune_alpha:
+            optimize(self.optims["alpha"], alpha_loss)
+        alpha = nets["alpha"]().detach()  # []
+        y = self.td_target(batch, alpha)  # [B]
+        q1, q2 = nets["q1"](obs, action), nets["q2"](obs, action)  # [B], [B]
+        critic_per = 0.5 * ((q1 - y) ** 2 + (q2 - y) ** 2)  # [B]
+        if "weight" in batch:
+            critic_per = critic_per * batch["weight"]
+        critic_loss = critic_per.mean()
+        critic_norm = optimize(self.optims["critic"], critic_loss, cfg.max_grad_norm)
+        with frozen(nets["q1"], nets["q2"]):  # gradients reach a_pi, not the critics' weights
+            q_pi = torch.minimum(nets["q1"](obs, a_pi), nets["q2"](obs, a_pi))  # [B]
+            actor_loss = (alpha * logp_pi - q_pi).mean()
+            actor_norm = optimize(self.optims["actor"], actor_loss, cfg.max_grad_norm)
+        self.updates += 1
+        if self.updates % cfg.target_update_interval == 0:
+            polyak_update(nets["q1_target"], nets["q1"], cfg.tau)
+            polyak_update(nets["q2_target"], nets["q2"], cfg.tau)
+        return {
+            "critic_loss": critic_loss.item(),
+            "actor_loss": actor_loss.item(),
+            "alpha_loss": alpha_loss.item(),
+            "alpha": alpha.item(),
+            "entropy": -logp_pi.mean().item(),
+            "q_mean": q1.mean().item(),
+            "critic_grad_norm": critic_norm,
+            "actor_grad_norm": actor_norm,
+            "td_error": (0.5 * ((q1 - y).abs() + (q2 - y).abs())).detach(),  # [B]
+        }

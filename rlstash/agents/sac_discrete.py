@@ -1,0 +1,239 @@
+"""Discrete SAC (Christodoulou 2019) with exact expectations over actions, for huge action sets.
+
+With pi(.|s) = softmax(l(s)) over the available actions A(s), every expectation over actions
+is an exact sum, computed chunk by chunk (:mod:`rlstash.agents.actions`):
+
+    V(s')  = sum_{a in A(s')} pi(a|s') [min_i Q_target_i(s', a) - alpha log pi(a|s')]
+    y      = r + d (1 - terminated) V(s')                 d = batch "discount" (gamma^n) or gamma
+    J(Q)   = E[w 0.5 sum_i (Q_i(s, a_b) - y)^2]           Q_i(s, a_b): a gather, no one-hot
+    J(pi)  = E_s[sum_{a in A(s)} pi(a|s) (alpha log pi(a|s) - min_i Q_i(s, a))]
+    J(a)   = E_s[log alpha (H(pi(.|s)) - H_target(s))]    (alpha falls when H > H_target)
+
+Target entropy: ``target_entropy`` nats if set, else H_target(s) = ratio * log|A(s)| (|A(s)| = n
+without a mask). Christodoulou used ratio 0.98, a near-uniform policy; for large n that keeps
+alpha high and the policy spread over ~n^0.98 actions, so the default ratio is lower (0.5:
+about sqrt(n) actions' worth of entropy at the target). Set it per task.
+
+Memory per update: parameters, their gradients and Adam moments (for the linear head: 2 x n x d
+per network), plus O(B * chunk) for every reduction over actions and for the policy gradient
+(:func:`soft_policy_objective`), never O(B * n).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlstash.agents.actions import (
+    ActionFeatures,
+    ActionMask,
+    chunked_argmax,
+    gumbel_scores,
+    soft_policy_objective,
+    softmax_stats,
+)
+from rlstash.agents.base import (
+    AgentBase,
+    Batch,
+    ConfigMixin,
+    adam,
+    check_batch,
+    check_common,
+    hp,
+    optimize,
+    seeded_init,
+)
+from rlstash.agents.nets import LogAlpha, make_discrete_net, polyak_update
+
+PRESETS: dict[str, dict[str, Any]] = {}
+
+
+@dataclass
+class DiscreteSACConfig(ConfigMixin):
+    """Discrete-SAC hyperparameters (SAC defaults of Stable-Baselines3 where they apply)."""
+
+    learning_rate: float = hp(3e-4, "Adam step size of actor, critics and temperature.")
+    gamma: float = hp(0.99, "Discount per step; a batch's 'discount' field (gamma^n) overrides it.")
+    batch_size: int = hp(256, "Transitions per update (read by the training loop).")
+    buffer_size: int = hp(1_000_000, "Replay capacity in transitions (read by the training loop).")
+    learning_starts: int = hp(100, "Env steps collected before the first update (training loop).")
+    train_freq: int = hp(1, "Env steps between rounds of updates (training loop).")
+    gradient_steps: int = hp(1, "Updates per round (training loop).")
+    n_steps: int = hp(1, "n of n-step returns; the storage rebuilds them on read.")
+    total_steps: int = hp(1_000_000, "Env steps of the run (training loop).")
+    tau: float = hp(0.005, "Polyak coefficient of the target critics.")
+    target_update_interval: int = hp(1, "Updates between target-critic updates.")
+    init_alpha: float = hp(1.0, "Initial entropy temperature alpha.")
+    autotune_alpha: bool = hp(True, "Learn alpha so that the policy entropy tracks its target.")
+    target_entropy_ratio: float = hp(0.5, "Entropy target = ratio * log(#available actions).")
+    target_entropy: float | None = hp(None, "Fixed entropy target in nats (overrides the ratio).")
+    max_grad_norm: float | None = hp(None, "Clip each network's gradient L2 norm; None = off.")
+    net_arch: tuple[int, ...] = hp((256, 256), "MLP hidden widths (unused after the Nature CNN).")
+    action_head: str = hp("linear", "'linear' (a weight row per action) or 'embedding'.")
+    action_embed_dim: int = hp(64, "Learned action-embedding width (embedding head, no features).")
+    learn_action_embeddings: bool = hp(True, "Learn the action table; False keeps features fixed.")
+    action_chunk: int = hp(8192, "Actions scored per chunk; extra memory O(batch * chunk).")
+    history_hidden: int = hp(0, "LSTM width over (k, obs_dim) windows; 0 = no LSTM.")
+    seed: int = hp(0, "Seed of network init and the agent's torch generators.")
+
+    PRESETS = PRESETS
+
+    def __post_init__(self) -> None:
+        self.net_arch = tuple(self.net_arch)
+        check_common(self)
+        if not 0.0 <= self.target_entropy_ratio <= 1.0:
+            raise ValueError(
+                f"target_entropy_ratio: expected a value in [0, 1], got {self.target_entropy_ratio}"
+            )
+        if not self.init_alpha > 0:
+            raise ValueError(f"init_alpha: expected > 0, got {self.init_alpha}")
+
+
+class DiscreteSAC(AgentBase):
+    """Discrete SAC over ``n_actions`` actions (tested with 10^5; chunked for 10^6 and more)."""
+
+    algo = "sac_discrete"
+
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        n_actions: int,
+        config: DiscreteSACConfig | None = None,
+        device: torch.device | str = "cpu",
+        act_device: torch.device | str | None = None,
+        action_features: torch.Tensor | ActionFeatures | None = None,
+    ):
+        cfg = self.config = config if config is not None else DiscreteSACConfig()
+        if not isinstance(cfg, DiscreteSACConfig):
+            raise TypeError(f"config: expected a DiscreteSACConfig, got {type(cfg).__name__}")
+        if isinstance(n_actions, bool) or not isinstance(n_actions, int) or n_actions < 1:
+            raise ValueError(f"n_actions: expected an int >= 1, got {n_actions!r}")
+        self.obs_shape, self.n_actions = tuple(obs_shape), n_actions
+        if isinstance(action_features, torch.Tensor):
+            action_features = ActionFeatures(action_features)
+        self._init_devices(device, act_device, cfg.seed)
+        args = (self.obs_shape, n_actions, cfg.net_arch, cfg.action_head, cfg.action_embed_dim,
+                action_features, cfg.learn_action_embeddings, cfg.history_hidden)  # fmt: skip
+        with seeded_init(cfg.seed):
+            actor, q1, q2 = (
+                make_discrete_net(*args),
+                make_discrete_net(*args),
+                make_discrete_net(*args),
+            )
+        nets = {"actor": actor, "q1": q1, "q2": q2, "alpha": LogAlpha(cfg.init_alpha)}
+        nets["q1_target"] = copy.deepcopy(q1).requires_grad_(False)
+        nets["q2_target"] = copy.deepcopy(q2).requires_grad_(False)
+        lr = cfg.learning_rate
+        optims = {
+            "actor": lambda: adam(self.nets["actor"].parameters(), lr),
+            "critic": lambda: adam(
+                [*self.nets["q1"].parameters(), *self.nets["q2"].parameters()], lr=lr
+            ),
+            "alpha": lambda: adam(self.nets["alpha"].parameters(), lr),
+        }
+        self._setup(nets, ("actor",), optims)
+
+    @property
+    def alpha(self) -> float:
+        return float(self.nets["alpha"]().detach())
+
+    def act(
+        self, obs: torch.Tensor, deterministic: bool = False, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """a ~ pi(.|s) (Gumbel-max in chunks), or argmax_a pi(a|s) when deterministic; [N] int64
+        on ``act_device``; masked actions are never chosen."""
+        obs = self._prepare_obs(obs, self.obs_shape)  # [N, *obs_shape]
+        rows, n, chunk = obs.shape[0], self.n_actions, self.config.action_chunk
+        mask = self._prepare_mask(mask, n, rows)
+        with torch.no_grad():
+            actor = self.actor["actor"]
+            logit_fn = actor.head.score_fn(actor.embed(obs))  # chunks of [N, c]
+            if not deterministic:
+                logit_fn = gumbel_scores(logit_fn, self.act_gen)  # argmax = a sample of pi
+            best, action = chunked_argmax(logit_fn, n, chunk, mask)  # [N], [N]
+            self._check_available(best)
+            self.env_steps += 0 if deterministic else rows
+            return action
+
+    def entropy_target(self, mask: ActionMask | None, rows: int) -> torch.Tensor:
+        """H_target(s) [B]: ``target_entropy`` or ratio * log|A(s)| (|A(s)| >= 1)."""
+        cfg = self.config
+        if cfg.target_entropy is not None:
+            return torch.full((rows,), float(cfg.target_entropy), device=self.device)
+        if mask is None:
+            return torch.full(
+                (rows,), cfg.target_entropy_ratio * math.log(self.n_actions), device=self.device
+            )
+        return cfg.target_entropy_ratio * torch.log(
+            mask.count(self.config.action_chunk).clamp_min(1).float()
+        )
+
+    def _min_q(self, names: tuple[str, str], obs: torch.Tensor):  # -> ScoreFn of min_i Q_i(s, .)
+        (n1, n2), nets = names, self.nets
+        u1, u2 = nets[n1].embed(obs), nets[n2].embed(obs)  # [B, k], [B, k]
+        h1, h2 = nets[n1].head, nets[n2].head
+        return lambda start, stop: torch.minimum(
+            h1.scores(u1, start, stop), h2.scores(u2, start, stop)
+        )
+
+    @torch.no_grad()
+    def td_target(self, batch: Batch, alpha: float) -> torch.Tensor:
+        """y = r + d (1 - terminated) V(s'), V(s') = E_pi[min_i Q_target_i - alpha log pi], [B]."""
+        n, chunk, next_obs = self.n_actions, self.config.action_chunk, batch["next_obs"]
+        next_mask = ActionMask.of(batch.get("next_action_mask"), n, "next_action_mask")
+        actor = self.nets["actor"]
+        q_min = self._min_q(("q1_target", "q2_target"), next_obs)
+        st = softmax_stats(actor.head.score_fn(actor.embed(next_obs)), n, chunk, next_mask, q_min)
+        soft_v = (st.mean_value + alpha * st.entropy).masked_fill(batch["terminated"], 0.0)  # [B]
+        return batch["reward"] + batch.get("discount", self.config.gamma) * soft_v
+
+    def update(self, batch: Batch) -> dict[str, Any]:
+        """One step on J(Q), then J(pi), then J(alpha) (module docstring), then Polyak targets."""
+        cfg, nets, n = self.config, self.nets, self.n_actions
+        bsz = check_batch(batch, obs_shape=self.obs_shape, device=self.device, n_actions=n)
+        obs, action = batch["obs"], batch["action"]  # [B, *obs_shape], [B] int64
+        mask = ActionMask.of(batch.get("action_mask"), n, "action_mask")
+        alpha = self.alpha
+        # critics
+        y = self.td_target(batch, alpha)  # [B]
+        q1 = nets["q1"].head.score_actions(nets["q1"].embed(obs), action)  # [B]
+        q2 = nets["q2"].head.score_actions(nets["q2"].embed(obs), action)  # [B]
+        critic_per = 0.5 * ((q1 - y) ** 2 + (q2 - y) ** 2)  # [B]
+        if "weight" in batch:
+            critic_per = critic_per * batch["weight"]
+        critic_loss = critic_per.mean()
+        critic_norm = optimize(self.optims["critic"], critic_loss, cfg.max_grad_norm)
+        # actor: exact expectation over available actions, chunked, against the updated critics
+        with torch.no_grad():
+            q_min = self._min_q(("q1", "q2"), obs)
+        u_pi = nets["actor"].embed(obs)  # [B, k]
+        objective, entropy = soft_policy_objective(
+            nets["actor"].head, u_pi, q_min, alpha, cfg.action_chunk, mask
+        )  # [B], [B]
+        actor_loss = objective.mean()
+        actor_norm = optimize(self.optims["actor"], actor_loss, cfg.max_grad_norm)
+        # temperature
+        target_h = self.entropy_target(mask, bsz)  # [B]
+        alpha_loss = (nets["alpha"].log_alpha * (entropy - target_h).detach()).mean()
+        if cfg.autotune_alpha:
+            optimize(self.optims["alpha"], alpha_loss)
+        self.updates += 1
+        if self.updates % cfg.target_update_interval == 0:
+            polyak_update(nets["q1_target"], nets["q1"], cfg.tau)
+            polyak_update(nets["q2_target"], nets["q2"], cfg.tau)
+        return {
+            "critic_loss": critic_loss.item(),
+            "actor_loss": actor_loss.item(),
+            "alpha_loss": alpha_loss.item(),
+            "alpha": alpha,
+            "entropy": entropy.mean().item(),
+            "target_entropy": target_h.mean().item(),
+            "q_mean": q1.mean().item(),
+            "critic_grad_norm": critic_norm,
+            "actor_grad_norm": actor_norm,
+            "td_error": (0.5 * ((q1 - y).abs() + (q2 - y).abs())).detach(),  # [B]
+        }

@@ -1,0 +1,977 @@
+"""StreamStorage: each env's experience as a lane of observation slots (invariant I5).
+
+Env ``e`` owns the lane of rows ``[e * L, (e + 1) * L)`` (``L = capacity // num_envs``), a
+ring of slots. A slot holds one observation (the newest frame only, when frames are
+stacked) and, when a step was taken from it, that step's action, reward and extra fields.
+The slot after a step holds the next observation; the final observation of an episode takes
+a slot of its own that is no valid transition start. ``next_obs``, ``done``, frame stacks and
+n-step returns are rebuilt on read, so nothing is stored twice::
+
+    lane e:  o0 a0 r0 | o1 a1 r1 (terminated) | o2 = final obs (no start) | o0' a0' r0' | ...
+
+Autoreset conventions of ``extend`` (one vectorized step of N envs, or a ``[T, N]`` chunk):
+
+* ``"next_step"`` (gymnasium >= 1.0 default): pass ``obs`` (the observation the action was
+  taken from), ``action``, ``reward``, ``terminated``, ``truncated`` as returned. After a
+  step that ended an episode, the next step's ``obs`` is the final observation and the env
+  resets, ignoring the action; the storage recognizes that step per lane and stores its obs as
+  the final-obs slot (its action, reward and flags are dropped).
+* ``"same_step"``: the env resets within the step that ended the episode; pass its final
+  observation as ``final_obs`` (rows read only where ``terminated | truncated``) and the
+  storage writes it into a slot of its own.
+
+Reads. For a valid start ``t`` (``read(index)``, any index shape) with rewards ``r``, flags
+``d = terminated | truncated`` and ``n = n_step``::
+
+    m        = min(n, 1 + min{j >= 0 : d[t + j]})      # steps actually summed
+    reward   = sum_{j < m} gamma^j * r[t + j]          # n-step discounted return
+    next_obs = obs[t + m]                              # n steps later, or the final obs
+    terminated, truncated = flags of step t + m - 1    # the episode ended within the m steps
+    discount = gamma^m
+
+so the learner's target is ``reward + discount * (1 - terminated) * V(next_obs)``. With
+``frame_stack = k`` an observation is ``[k, *frame]``: frames ``t - k + 1 .. t``, oldest
+first, where frames before the episode's first are its first frame repeated (gymnasium's
+``FrameStackObservation(padding_type="reset")``).
+
+``valid`` (bool[capacity]) marks the starts a sampler may return: a start slot whose
+successors up to ``t + m`` are written and whose frame history is still in the lane (not
+overwritten by the ring) unless the episode started within it. It is updated on each step
+for the few slots it can change (O(N (n + k))), never by a full recompute. Samplers get it
+as ``ctx.valid``; windows of consecutive steps follow the lanes through :meth:`window`.
+
+Episodes never get stitched: when envs are reset outside the stream (a collector reset, a
+restarted worker) call :meth:`StreamStorage.end_episodes`; after a load or a reopen the
+first ``extend`` does it by itself.
+
+Disk (``backing="disk"``): the slots are a :class:`~rlstash.storage.disk.MemmapStorage` and
+the bookkeeping is saved next to it in ``stream.npz`` (after the data pages are synced,
+atomically) on ``flush``/``close`` and every ``L // 16`` steps per lane. Each save vouches
+for the slots the next steps may overwrite, so a directory left by a killed process reopens
+with exactly the transitions its data still hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlstash.protocols import Index, Storage
+from rlstash.spec import Batch, Field, Spec
+from rlstash.storage import register_kind
+from rlstash.storage.ram import TensorStorage, as_spec, numpy_view
+
+_WRITTEN, _START, _TERM, _TRUNC = 1, 2, 4, 8
+_DONE = _TERM | _TRUNC
+NPZ = "stream.npz"
+BOOKKEEPING_BYTES = 3  # per slot: flags, episode position (clipped), valid
+_LANE_KEYS = ("count", "floor", "next_ep", "pending", "reserved", "flags", "ep")
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """What a read rebuilds: ``n_step`` returns with ``gamma``, stacks of ``frame_stack``."""
+
+    n_step: int = 1
+    gamma: float = 0.99
+    frame_stack: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("n_step", "frame_stack"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 255:
+                raise ValueError(f"{name}: expected an int in [1, 255], got {v!r}")
+        if not isinstance(self.gamma, (int, float)) or not 0.0 <= float(self.gamma) <= 1.0:
+            raise ValueError(f"gamma: expected a float in [0, 1], got {self.gamma!r}")
+
+
+def obs_names(spec: Spec) -> list[str]:
+    """Observation fields: ``obs`` and ``obs/<key>`` (flattened Dict spaces)."""
+    return [k for k in spec if k == "obs" or k.startswith("obs/")]
+
+
+def step_spec(spec: Spec | Mapping) -> Spec:
+    """The fields ``extend`` takes per env: ``spec`` plus reward/terminated/truncated defaults."""
+    spec = as_spec(spec)
+    if not obs_names(spec) or "action" not in spec:
+        raise ValueError(
+            f"spec: expected fields 'obs' (or 'obs/<key>') and 'action', got {list(spec)}"
+        )
+    fields = dict(spec.items())
+    fields.setdefault("reward", Field((), torch.float32))
+    for name in ("terminated", "truncated"):
+        fields.setdefault(name, Field((), torch.bool))
+        if fields[name] != Field((), torch.bool):
+            raise ValueError(f"spec: field {name!r} must be ():bool, got {fields[name].describe()}")
+    if fields["reward"].shape != () or not fields["reward"].dtype.is_floating_point:
+        raise ValueError(
+            f"spec: field 'reward' must be a float scalar, got {fields['reward'].describe()}"
+        )
+    for name in ("next_obs", "done", "discount", "final_obs"):
+        if any(k == name or k.startswith(name + "/") for k in fields):
+            raise ValueError(f"spec: field name {name!r} is reserved by StreamStorage")
+    return Spec(fields)
+
+
+def slot_spec(spec: Spec | Mapping, frame_stack: int = 1, stacked_input: bool = False) -> Spec:
+    """The backing storage's fields: one frame per obs field, action, reward and extras."""
+    spec = step_spec(spec)
+    fields: dict[str, Field] = {}
+    for name, f in spec.items():
+        if name in ("terminated", "truncated"):
+            continue  # kept as bits in the lane bookkeeping
+        if name in obs_names(spec) and stacked_input:
+            if not f.shape or f.shape[0] != frame_stack:
+                raise ValueError(
+                    f"spec: field {name!r} is {f.describe()}; stacked_input=True expects "
+                    f"[frame_stack={frame_stack}, ...] per row"
+                )
+            f = Field(f.shape[1:], f.dtype)
+        fields[name] = f
+    return Spec(fields)
+
+
+class Lanes:
+    """Ring bookkeeping of ``num_envs`` lanes of ``L`` slots, all in small numpy arrays.
+
+    Slot number ``s`` of lane ``e`` (its ``s``-th slot ever) lives at row ``e * L + s % L``;
+    the lane holds slot numbers ``[alive_floor, count)`` with ``alive_floor =
+    max(floor, count - L)``. ``valid`` is kept equal to :meth:`valid_starts` of every alive
+    slot by :meth:`refresh` after each step.
+    """
+
+    def __init__(self, num_envs: int, L: int, n_step: int, frame_stack: int) -> None:
+        self.num_envs, self.L, self.n, self.k = num_envs, L, n_step, frame_stack
+        self.base = np.arange(num_envs, dtype=np.int64) * L  # first row of each lane
+        self.count = np.zeros(num_envs, np.int64)  # slots ever written to the lane
+        self.floor = np.zeros(num_envs, np.int64)  # oldest slot number that may be alive
+        self.next_ep = np.zeros(num_envs, np.int64)  # episode position of the next slot
+        self.pending = np.zeros(num_envs, bool)  # next_step: the next obs is a final obs
+        self.reserved = np.zeros(num_envs, np.int64)  # disk: slot numbers vouched for
+        self.flags = np.zeros(num_envs * L, np.uint8)  # _WRITTEN | _START | _TERM | _TRUNC
+        self.ep = np.zeros(num_envs * L, np.uint8)  # episode position, clipped to k - 1
+        self.valid = np.zeros(num_envs * L, bool)  # valid transition starts (updated in place)
+        self.version = 0  # bumped on every change of ``valid``
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {k: getattr(self, k) for k in _LANE_KEYS}
+
+    def load(self, arrays: Mapping[str, Any]) -> None:
+        """Copy saved arrays in (every shape checked first), then recompute ``valid``."""
+        for k in _LANE_KEYS:
+            got, want = np.shape(arrays[k]), getattr(self, k).shape
+            if got != want:
+                raise ValueError(f"state: lane array {k!r} has shape {got}, expected {want}")
+        for k in _LANE_KEYS:
+            getattr(self, k)[...] = np.asarray(arrays[k])
+        self.recompute()
+
+    def alive_floor(self) -> np.ndarray:
+        return np.maximum(self.floor, self.count - self.L)  # [N]
+
+    # ------------------------------------------------------------------ writing
+    def plan(self, term: np.ndarray, trunc: np.ndarray, same_step: bool) -> dict[str, np.ndarray]:
+        """Where one step of the N lanes goes; nothing changes until :meth:`commit`.
+
+        ``rows`` [N (+ D)]: the slot of each env's obs, then (same-step) the final-obs slots
+        of the ``ended`` lanes [D]. Next-step: a lane whose last step ended an episode gets
+        its final obs now, in a slot that is no start.
+        """
+        L, k, done = self.L, self.k, term | trunc
+        rows = self.base + self.count % L  # [N]
+        bits = (_WRITTEN | _START | (_TERM * term) | (_TRUNC * trunc)).astype(np.uint8)
+        ep = np.minimum(self.next_ep, k - 1)
+        if not same_step:
+            fin = self.pending
+            return dict(
+                rows=rows,
+                bits=np.where(fin, _WRITTEN, bits).astype(np.uint8),
+                ep=ep,
+                grow=np.ones(self.num_envs, np.int64),
+                next_ep=np.where(fin, 0, self.next_ep + 1),
+                pending=~fin & done,
+                ended=np.zeros(0, np.int64),
+            )
+        d = np.flatnonzero(done)
+        return dict(
+            rows=np.concatenate([rows, self.base[d] + (self.count[d] + 1) % L]),
+            bits=np.concatenate([bits, np.full(d.size, _WRITTEN, np.uint8)]),
+            ep=np.concatenate([ep, np.minimum(self.next_ep[d] + 1, k - 1)]),
+            grow=1 + done.astype(np.int64),
+            next_ep=np.where(done, 0, self.next_ep + 1),
+            pending=self.pending.copy(),
+            ended=d,
+        )
+
+    def commit(self, step: Mapping[str, np.ndarray]) -> None:
+        """Record a planned step (its data are written) and update ``valid``."""
+        self.flags[step["rows"]], self.ep[step["rows"]] = step["bits"], step["ep"]
+        self.count += step["grow"]
+        self.next_ep, self.pending = step["next_ep"], step["pending"]
+        self.refresh()
+
+    # ------------------------------------------------------------------ validity
+    def valid_starts(self, lane: np.ndarray, seq: np.ndarray) -> np.ndarray:
+        """Whether alive slot number ``seq`` of ``lane`` (both [P]) is a valid start: a start
+        whose frame history is alive and whose bootstrap slot ``seq + m`` is written."""
+        L, n = self.L, self.n
+        count, base = self.count[lane], self.base[lane]
+        row = base + seq % L
+        ok = (self.flags[row] & _START) != 0
+        ok &= seq - self.ep[row] >= self.alive_floor()[lane]  # frame history still present
+        sj = seq[:, None] + np.arange(n)  # [P, n]
+        d = ((self.flags[base[:, None] + sj % L] & _DONE) != 0) & (sj < count[:, None])
+        m = np.where(d.any(1), d.argmax(1) + 1, n)  # steps summed
+        return ok & (seq + m <= count - 1)
+
+    def refresh(self, sel: np.ndarray | None = None) -> None:
+        """Re-check the starts a step can change in lanes ``sel`` (default all): the newest
+        n + 2 slots (successors written) and the oldest k - 1 (frame history overwritten)."""
+        n, k, L = self.n, self.k, self.L
+        sel = np.arange(self.num_envs) if sel is None else sel
+        count, floor = self.count[sel], self.alive_floor()[sel]
+        seq = np.concatenate(
+            [count[:, None] - 1 - np.arange(n + 2), floor[:, None] + np.arange(k - 1)], axis=1
+        )  # [S, n + k + 1]
+        lane = np.broadcast_to(sel[:, None], seq.shape)
+        alive = (seq >= floor[:, None]) & (seq < count[:, None])
+        lane, seq = lane[alive], seq[alive]
+        self.valid[self.base[lane] + seq % L] = self.valid_starts(lane, seq)
+        self.version += 1
+
+    def recompute(self) -> None:
+        """``valid`` of every slot from scratch; slots not alive are cleared."""
+        L, count, floor = self.L, self.count[:, None], self.alive_floor()[:, None]
+        seq = count - 1 - ((count - 1 - np.arange(L)) % L)  # [N, L] slot number at each row
+        lane = np.broadcast_to(np.arange(self.num_envs)[:, None], seq.shape)
+        alive = seq >= floor
+        self.valid[:] = False
+        self.valid[self.base[lane[alive]] + seq[alive] % L] = self.valid_starts(
+            lane[alive], seq[alive]
+        )
+        self.flags[~alive.reshape(-1)] = 0
+        self.version += 1
+
+    def plan_finals(self, sel: np.ndarray) -> dict[str, np.ndarray]:
+        """Final-obs slots for the lanes of ``sel`` whose last slot is a start: ``keep`` [S]
+        marks them, ``rows`` [K] are the new slots. A pending (next-step, done) lane keeps its
+        flags; any other last start is truncated there (``trunc_rows``)."""
+        c, L = self.count[sel], self.L
+        last = self.base[sel] + (c - 1) % L
+        keep = (c - 1 >= self.alive_floor()[sel]) & ((self.flags[last] & _START) != 0)
+        lanes = sel[keep]
+        return dict(
+            keep=keep,
+            lanes=lanes,
+            rows=self.base[lanes] + self.count[lanes] % L,
+            ep=np.minimum(self.next_ep[lanes], self.k - 1),
+            trunc_rows=last[keep & ~self.pending[sel]],
+        )
+
+    def commit_finals(self, plan: Mapping[str, np.ndarray]) -> None:
+        """Record the final-obs slots of :meth:`plan_finals` (their data are written)."""
+        self.flags[plan["trunc_rows"]] |= _TRUNC
+        self.flags[plan["rows"]], self.ep[plan["rows"]] = _WRITTEN, plan["ep"]
+        self.count[plan["lanes"]] += 1
+        self.pending[plan["lanes"]] = False
+        self.refresh(plan["lanes"])
+
+    def end_episodes(self, sel: np.ndarray) -> None:
+        """Cut the current episode of lanes ``sel`` (see :meth:`StreamStorage.end_episodes`)."""
+        floor, L = self.alive_floor(), self.L
+        for e in sel:
+            c, f, base = int(self.count[e]), int(floor[e]), int(self.base[e])
+            last, prev = base + (c - 1) % L, base + (c - 2) % L
+            if c - 1 >= f and self.flags[last] & _START:
+                self.flags[last] = _WRITTEN  # its step's result was never stored
+                if c - 2 >= f and self.flags[prev] & _START:
+                    self.flags[prev] |= _TRUNC  # the episode ends at the last stored obs
+        self.next_ep[sel], self.pending[sel] = 0, False
+        self.refresh(sel)
+
+    def drop_unvouched(self) -> None:
+        """After reopening a save: each lane may have written slots ``[count, reserved)`` since
+        (data unknown), overwriting slots ``[count - L, reserved - L)``: both count as gone."""
+        L = self.L
+        for e in range(self.num_envs):
+            lo, hi = max(self.count[e] - L, self.floor[e]), self.reserved[e] - L
+            if hi > lo:
+                self.flags[self.base[e] + np.arange(lo, hi) % L] = 0
+            self.floor[e] = max(self.floor[e], hi, 0)
+        self.recompute()
+
+    # ------------------------------------------------------------------ reading
+    def nstep(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """For valid starts [P]: rows of their n steps [P, n], steps summed m [P], flags of
+        step ``t + m - 1`` [P] and the bootstrap slot's row [P]."""
+        L, n = self.L, self.n
+        base, pos = flat // L * L, flat % L
+        steps = base[:, None] + (pos[:, None] + np.arange(n)) % L  # [P, n]
+        d = (self.flags[steps] & _DONE) != 0
+        m = np.where(d.any(1), d.argmax(1) + 1, n)  # [P]
+        return steps, m, self.flags[base + (pos + m - 1) % L], base + (pos + m) % L
+
+    def frame_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Rows of the k frames of the obs at ``rows`` [P] -> [P, k] (oldest first; before the
+        episode's first frame, that frame repeated) or [P] when k == 1."""
+        k, L = self.k, self.L
+        if k == 1:
+            return rows
+        base, pos = rows // L * L, rows % L
+        back = np.minimum(
+            np.arange(k - 1, -1, -1)[None, :], self.ep[rows][:, None].astype(np.int64)
+        )
+        return base[:, None] + (pos[:, None] - back) % L  # [P, k]
+
+    def window(self, starts: np.ndarray, length: int) -> np.ndarray:
+        """Rows of ``length`` consecutive steps of each start's lane: [B] -> [B, length]."""
+        s = np.asarray(starts, dtype=np.int64)
+        return (s // self.L * self.L)[:, None] + (s[:, None] % self.L + np.arange(length)) % self.L
+
+
+class StreamStorage:
+    """Lanes of observation slots on a backing storage; see the module docstring.
+
+    Args:
+        spec: the fields of one env step: ``obs`` (``[k, ...]`` when ``stacked_input``),
+            ``action``, optionally ``reward`` (float), ``terminated``/``truncated`` (bool),
+            and extra fields (stored per step).
+        num_envs: N, the number of lanes. Each gets ``capacity // num_envs`` slots.
+        capacity: slots in total (rounded down to a multiple of ``num_envs``).
+        backing: ``"ram"`` (TensorStorage on ``device``), ``"disk"`` (MemmapStorage at
+            ``path``) or a factory ``(spec, capacity) -> storage``.
+        autoreset: ``"next_step"`` or ``"same_step"`` (see the module docstring).
+        reads: n-step, gamma and frame stacking of reads (:class:`ReadSpec`).
+        stacked_input: observations arrive stacked ``[k, ...]``; only the newest frame is stored.
+    """
+
+    def __init__(
+        self,
+        spec: Spec | Mapping,
+        num_envs: int,
+        capacity: int,
+        backing: str | Callable[[Spec, int], Storage] = "ram",
+        device: str | torch.device = "cpu",
+        path: str | os.PathLike | None = None,
+        autoreset: str = "next_step",
+        reads: ReadSpec | None = None,
+        stacked_input: bool = False,
+        allow_overcommit: bool = False,
+    ) -> None:
+        self.spec = step_spec(spec)
+        for name, v in (("num_envs", num_envs), ("capacity", capacity)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        if autoreset not in ("next_step", "same_step"):
+            raise ValueError(f"autoreset: expected 'next_step' or 'same_step', got {autoreset!r}")
+        reads = ReadSpec() if reads is None else reads
+        if not isinstance(reads, ReadSpec):
+            raise TypeError(f"reads: expected a ReadSpec, got {type(reads).__name__}")
+        self.lane_capacity = L = capacity // num_envs
+        if L < max(2, reads.n_step + reads.frame_stack):
+            raise ValueError(
+                f"capacity: {capacity} slots over {num_envs} envs gives {L} per lane; need at least "
+                f"n_step + frame_stack = {reads.n_step + reads.frame_stack} (and 2); raise capacity"
+            )
+        self.num_envs, self.capacity = num_envs, L * num_envs
+        self.autoreset, self.reads, self.stacked_input = autoreset, reads, bool(stacked_input)
+        self.obs_keys = obs_names(self.spec)
+        self.slot_spec = slot_spec(self.spec, reads.frame_stack, self.stacked_input)
+        self.sample_spec = self._sample_spec()
+        self.lanes = Lanes(num_envs, L, reads.n_step, reads.frame_stack)
+        self._windows: tuple[int, int, np.ndarray] = (-1, 0, np.zeros(0, bool))
+        self._path: Path | None = None
+        self._cut = np.zeros(num_envs, bool)  # lanes whose episode ends before the next extend
+        self._margin = max(2, L // 16)  # disk: steps per lane between bookkeeping saves
+        self.backing = self._open_backing(backing, device, path, allow_overcommit)
+        self.device = torch.device(self.backing.device)
+        self._closed = False
+
+    # ------------------------------------------------------------------ construction
+    def _open_backing(self, backing: Any, device: Any, path: Any, overcommit: bool) -> Any:
+        if backing == "ram":
+            return TensorStorage(self.slot_spec, self.capacity, device, overcommit)
+        if backing == "disk":
+            if path is None:
+                raise ValueError("path: backing='disk' needs a directory path, got None")
+            if torch.device(device).type != "cpu":
+                raise ValueError(
+                    f"device: a disk backing lives on the CPU, got {str(device)!r}; deliver "
+                    "batches to a device with ReplayBuffer(device=...)"
+                )
+            return self._open_disk(Path(path).absolute(), overcommit)
+        if not callable(backing):
+            raise ValueError(f"backing: expected 'ram', 'disk' or a factory, got {backing!r}")
+        store = backing(self.slot_spec, self.capacity)
+        if getattr(store, "capacity", None) != self.capacity or store.spec != self.slot_spec:
+            raise ValueError(
+                f"backing: the factory must return a storage of spec {self.slot_spec!r} and "
+                f"capacity {self.capacity}, got {store!r}"
+            )
+        return store
+
+    def _open_disk(self, path: Path, overcommit: bool) -> Any:
+        """A MemmapStorage at ``path`` plus ``stream.npz``; an existing stream resumes."""
+        from rlstash.storage.disk import META, MemmapStorage
+
+        resume = (path / NPZ).exists()
+        if (path / META).exists() and not resume:
+            raise ValueError(
+                f"path: {path} holds a MemmapStorage without {NPZ}: it is not a StreamStorage "
+                "directory; use an empty or a new directory"
+            )
+        store = MemmapStorage(self.slot_spec, self.capacity, path, overcommit)
+        self._path = path
+        try:
+            if resume:
+                with np.load(path / NPZ) as z:
+                    saved = json.loads(str(z["config"]))
+                    if saved != self._config():
+                        diff = {
+                            k: (saved.get(k), v)
+                            for k, v in self._config().items()
+                            if saved.get(k) != v
+                        }
+                        raise ValueError(
+                            f"path: the stream at {path} was made with other settings: {diff}"
+                        )
+                    self.lanes.load(z)
+                self.lanes.drop_unvouched()
+                self._cut[:] = True  # the envs of the open episodes are gone
+                for stale in path.glob(f".{NPZ}.*"):
+                    stale.unlink(missing_ok=True)
+            _persist(store, self.lanes, path, self._margin, self._config())
+        except BaseException:
+            store.close()
+            raise
+        self._finalizer = weakref.finalize(
+            self, _persist, store, self.lanes, path, 0, self._config()
+        )
+        return store
+
+    def _sample_spec(self) -> Spec:
+        """Per-row fields of :meth:`read`: stacked obs, next obs, flags, discount, extras."""
+        k, fields = self.reads.frame_stack, {}
+        for name, f in self.slot_spec.items():
+            if name in self.obs_keys:
+                f = Field((k, *f.shape) if k > 1 else f.shape, f.dtype)
+                fields["next_" + name] = f
+            fields[name] = f
+        for name in ("terminated", "truncated", "done"):
+            fields[name] = Field((), torch.bool)
+        fields["discount"] = Field((), torch.float32)
+        return Spec(fields)
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec.to_dict(),
+            "num_envs": self.num_envs,
+            "capacity": self.capacity,
+            "autoreset": self.autoreset,
+            "reads": asdict(self.reads),
+            "stacked_input": self.stacked_input,
+        }
+
+    # ------------------------------------------------------------------ sizes and masks
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the backing data plus the per-slot bookkeeping."""
+        return self.backing.nbytes + BOOKKEEPING_BYTES * self.capacity
+
+    @property
+    def size(self) -> int:
+        """Slots holding data (transition starts and final observations)."""
+        return int((self.lanes.count - self.lanes.alive_floor()).sum())
+
+    @property
+    def valid(self) -> np.ndarray:
+        """bool[capacity]: valid transition starts (the same array, updated in place)."""
+        return self.lanes.valid
+
+    @property
+    def written(self) -> np.ndarray:
+        """bool[capacity]: slots holding data."""
+        return (self.lanes.flags & _WRITTEN) != 0
+
+    def step_flags(self, index: Index) -> dict[str, np.ndarray]:
+        """``terminated``/``truncated`` of the steps taken from slots ``index`` (False for
+        final-obs slots): the episode ends a sampler's ``on_write`` may track."""
+        fl = self.lanes.flags[_index_array(index, self.capacity)]
+        return {"terminated": (fl & _TERM) != 0, "truncated": (fl & _TRUNC) != 0}
+
+    def window(self, starts: np.ndarray, length: int) -> np.ndarray:
+        """Rows of ``length`` consecutive steps from each start, in its lane: [B] -> [B, length]."""
+        return self.lanes.window(starts, length)
+
+    def valid_windows(self, length: int) -> np.ndarray:
+        """bool[capacity]: starts whose ``length`` consecutive steps are all valid starts (so
+        the window stays within one episode). Cached until ``valid`` changes."""
+        if self._windows[:2] != (self.lanes.version, length):
+            v = self.valid.reshape(self.num_envs, self.lane_capacity)
+            w = v.copy()
+            for j in range(1, length):
+                w &= np.roll(v, -j, axis=1)
+            self._windows = (self.lanes.version, length, w.reshape(-1))
+        return self._windows[2]
+
+    @staticmethod
+    def plan_bytes(
+        spec: Spec | Mapping, capacity: int, frame_stack: int = 1, stacked_input: bool = False
+    ) -> dict[str, int]:
+        """Exact bytes of a stream storage of ``capacity`` slots: per stored field + bookkeeping."""
+        out = slot_spec(spec, frame_stack, stacked_input).field_nbytes(capacity)
+        out["bookkeeping"] = BOOKKEEPING_BYTES * capacity
+        return out
+
+    @staticmethod
+    def naive_bytes(
+        spec: Spec | Mapping, capacity: int, frame_stack: int = 1, stacked_input: bool = False
+    ) -> dict[str, int]:
+        """Bytes of a naive buffer of ``capacity`` transitions that stores ``obs`` and
+        ``next_obs`` (``frame_stack`` frames each), action, reward, flags and extras."""
+        spec, out = step_spec(spec), {}
+        for name, f in spec.items():
+            stack = frame_stack if name in obs_names(spec) and not stacked_input else 1
+            out[name] = f.row_bytes * stack * capacity
+            if name in obs_names(spec):
+                out["next_" + name] = out[name]
+        return out
+
+    # ------------------------------------------------------------------ writing
+    def extend(self, batch: Mapping[str, Any]) -> np.ndarray:
+        """Store one step of N envs (``[N, ...]``) or a time-major chunk (``[T, N, ...]``).
+
+        Validated in full first (a bad batch writes nothing). Returns the slot indices written,
+        in order (same-step autoreset also writes a final-obs slot per ended episode).
+        """
+        self._check_open()
+        steps, finals = self._validate(batch)
+        if self._cut.any():  # after a resume or a load: new envs, new episodes
+            self.end_episodes(self._cut.copy())
+        written = [self._write_step(s, f) for s, f in zip(steps, finals)]
+        return np.concatenate(written) if written else np.zeros(0, np.int64)
+
+    def end_episodes(self, envs: Any = None, final_obs: Any = None) -> None:
+        """End the current episode of the lanes ``envs`` (all by default; indices or a bool mask).
+
+        For envs reset outside the stream (a collector reset, a restarted worker, a resumed
+        buffer): the next ``extend`` starts a new episode in those lanes, never stitched to
+        the old one. ``final_obs`` (``[S, ...]`` for the S envs, or a dict per obs field) is
+        what each env showed last, never passed to ``extend``: it is stored as the final obs
+        and the last step becomes ``truncated`` there (a next-step lane whose last step was
+        done keeps its flags). Without it the last stored obs ends the episode instead: its
+        step is dropped and the step before it turns ``truncated``. Called without
+        ``final_obs`` before the first extend after a load or a reopen.
+        """
+        self._check_open()
+        sel = np.atleast_1d(np.arange(self.num_envs)[slice(None) if envs is None else envs])
+        if final_obs is not None:
+            if not isinstance(final_obs, Mapping):
+                final_obs = {self.obs_keys[0]: final_obs} if len(self.obs_keys) == 1 else final_obs
+            fin = Spec({k: self.spec[k] for k in self.obs_keys}).validate(final_obs)
+            if len(fin[self.obs_keys[0]]) != sel.size:
+                raise ValueError(
+                    f"final_obs: expected one row per env ended ({sel.size}), "
+                    f"got {len(fin[self.obs_keys[0]])}"
+                )
+            plan = self.lanes.plan_finals(sel)
+            frames = self._frames(fin, np.flatnonzero(plan["keep"]))
+            k = plan["rows"].size
+            data = {
+                n: frames[n] if n in frames else torch.zeros((k, *f.shape), dtype=f.dtype)
+                for n, f in self.slot_spec.items()
+            }
+            self._reserve(plan["lanes"], 1)
+            self.backing.write(plan["rows"], data, validate=False)
+            self.lanes.commit_finals(plan)
+        self.lanes.end_episodes(sel)
+        self._cut[sel] = False
+
+    def _reserve(self, lanes: np.ndarray, grow: Any) -> None:
+        """Disk: save the bookkeeping first when ``lanes`` would pass the slots it vouches for."""
+        lanes_, count = self.lanes, self.lanes.count[lanes]
+        if self._path is not None and (count + grow > lanes_.reserved[lanes]).any():
+            _persist(self.backing, lanes_, self._path, self._margin, self._config())
+
+    def _validate(self, batch: Mapping[str, Any]) -> tuple[list[Batch], list[Batch | None]]:
+        if not isinstance(batch, Mapping):
+            raise TypeError(
+                f"batch: expected a dict of field -> tensor, got {type(batch).__name__}"
+            )
+        finals = {"final_" + k: k for k in self.obs_keys}
+        given = [k for k in batch if k in finals]
+        if self.autoreset == "next_step" and given:
+            raise ValueError(
+                f"batch: {given} given with autoreset='next_step', where the final obs arrives as "
+                "the next step's obs; drop it or use autoreset='same_step'"
+            )
+        if self.autoreset == "same_step" and len(given) != len(finals):
+            raise ValueError(
+                f"batch: autoreset='same_step' needs {sorted(finals)}, got {list(batch)}"
+            )
+        key = self.obs_keys[0]
+        head = _leading(batch.get(key), len(self.spec[key].shape), key)
+        if head[-1] != self.num_envs:
+            raise ValueError(
+                f"field {key!r}: expected leading dims [N={self.num_envs}] or "
+                f"[T, N={self.num_envs}], got {list(head)}"
+            )
+        data = self.spec.validate(
+            {k: _flat(k, v, head) for k, v in batch.items() if k not in finals}
+        )
+        if given:
+            fspec = Spec({f: self.spec[k] for f, k in finals.items()})
+            final = fspec.validate({f: _flat(f, batch[f], head) for f in finals})
+            data.update(final)
+        N = self.num_envs
+        steps = [
+            {k: v[t * N : (t + 1) * N] for k, v in data.items()} for t in range(len(data[key]) // N)
+        ]
+        fins = [{k: s.pop(f) for f, k in finals.items()} if given else None for s in steps]
+        return steps, fins
+
+    def _frames(self, step: Mapping[str, torch.Tensor], rows: np.ndarray | None = None) -> Batch:
+        """The stored frame of each obs field: the newest one of a stacked obs."""
+        out = {}
+        for k in self.obs_keys:
+            v = step[k] if rows is None else step[k][torch.from_numpy(rows)]
+            out[k] = v[:, -1] if self.stacked_input else v
+        return out
+
+    def _write_step(self, step: Batch, final: Batch | None) -> np.ndarray:
+        lanes = self.lanes
+        plan = lanes.plan(_host(step["terminated"]), _host(step["truncated"]), final is not None)
+        data = {**step, **self._frames(step)}
+        if final is not None:  # same_step: the final obs of each ended episode follows it
+            d = plan["ended"]
+            fin = self._frames(final, d)
+            data = {
+                n: torch.cat(
+                    [
+                        data[n],
+                        fin[n] if n in fin else data[n].new_zeros((d.size, *data[n].shape[1:])),
+                    ]
+                )
+                for n in self.slot_spec
+            }
+        self._reserve(np.arange(self.num_envs), plan["grow"])
+        self.backing.write(plan["rows"], {n: data[n] for n in self.slot_spec}, validate=False)
+        lanes.commit(plan)
+        return plan["rows"]
+
+    # ------------------------------------------------------------------ reading
+    def read(self, index: Index, out: Batch | None = None) -> Batch:
+        """Rebuild the transitions starting at ``index`` (int array of any shape [*S]).
+
+        Returns obs fields (``[*S, k, *frame]`` when stacking), ``action``, ``reward``
+        (n-step return), ``next_obs`` fields, ``terminated``, ``truncated``, ``done``,
+        ``discount`` (gamma^m) and extra fields, on the backing's device. Every index must be
+        a valid start (ValueError otherwise). ``out`` (same keys and shapes) is filled instead.
+        """
+        self._check_open()
+        idx = _index_array(index, self.capacity)
+        flat = idx.reshape(-1)
+        bad = flat[~self.valid[flat]]
+        if bad.size:
+            raise ValueError(
+                f"index: {bad[:5].tolist()} {'...' if bad.size > 5 else ''}are not valid transition "
+                "starts (final-obs slot, successor not written yet, overwritten or unwritten)"
+            )
+        if out is not None and any(k not in out for k in self.sample_spec):
+            raise ValueError(f"out: missing fields {[k for k in self.sample_spec if k not in out]}")
+        n, gamma = self.reads.n_step, float(self.reads.gamma)
+        steps, m, last, nxt = self.lanes.nstep(flat)
+        req: dict[str, np.ndarray] = {}
+        for k in self.slot_spec:
+            if k in self.obs_keys:
+                req[k], req["next_" + k] = self.lanes.frame_rows(flat), self.lanes.frame_rows(nxt)
+            else:
+                req[k] = steps if k == "reward" and n > 1 else flat
+        got = self._gather(req, out)
+        if n > 1:
+            w = np.where(np.arange(n) < m[:, None], gamma ** np.arange(n), 0.0)  # [P, n]
+            r = got["reward"].reshape(w.shape)  # [P, n]
+            acc = torch.float64 if r.dtype == torch.float64 else torch.float32
+            r = torch.where(self._dev(w > 0), r.to(acc), 0.0)  # steps past m may be stale
+            got["reward"] = (r * self._dev(w).to(acc)).sum(1)
+        got["reward"] = got["reward"].to(self.spec["reward"].dtype)
+        got["terminated"] = self._dev((last & _TERM) != 0)
+        got["truncated"] = self._dev((last & _TRUNC) != 0)
+        got["done"] = got["terminated"] | got["truncated"]
+        got["discount"] = self._dev((gamma**m).astype(np.float32))
+        res = {k: v.reshape(*idx.shape, *v.shape[1:]) for k, v in got.items()}
+        if out is None:
+            return res
+        for k, v in res.items():
+            if out[k].data_ptr() != v.data_ptr():
+                out[k].copy_(v)
+        return out
+
+    def _gather(self, req: Mapping[str, np.ndarray], out: Batch | None) -> Batch:
+        """Gather the rows ``req[name]`` of each stored field (``next_x`` reads field ``x``);
+        obs frames go straight into ``out`` when it fits."""
+        tensors = getattr(self.backing, "tensors", None)
+        res: Batch = {}
+        if not tensors:  # e.g. a TieredStorage: one read of every row needed
+            flat = np.concatenate([r.reshape(-1) for r in req.values()])
+            uniq, inv = np.unique(flat, return_inverse=True)
+            rows, at = self.backing.read(uniq), 0
+            for name, r in req.items():
+                src = rows[name.removeprefix("next_")]
+                sel = torch.from_numpy(inv[at : at + r.size]).to(src.device)
+                res[name] = src.index_select(0, sel).reshape(*r.shape, *src.shape[1:])
+                at += r.size
+            return res
+        for name, r in req.items():
+            field = name.removeprefix("next_")
+            t = tensors[field]
+            dst = _out_for(out, name, r.size, t) if field in self.obs_keys else None
+            if t.device.type == "cpu":
+                a = numpy_view(t)
+                o = None if dst is None else numpy_view(dst).reshape(r.size, *a.shape[1:])
+                v = torch.from_numpy(np.take(a, r.reshape(-1), axis=0, out=o))
+                v = v.view(t.dtype) if v.dtype != t.dtype else v
+            else:
+                sel = torch.from_numpy(r.reshape(-1)).to(t.device)
+                o = None if dst is None else dst.view(r.size, *t.shape[1:])
+                v = t.index_select(0, sel) if o is None else torch.index_select(t, 0, sel, out=o)
+            res[name] = v.reshape(*r.shape, *t.shape[1:])
+        return res
+
+    def _dev(self, a: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        return t if self.device.type == "cpu" else t.to(self.device)
+
+    # ------------------------------------------------------------------ state and lifecycle
+    def state_dict(self) -> dict[str, Any]:
+        """Config, the backing's state and the lane bookkeeping (a disk stream saves first)."""
+        self._check_open()
+        self.flush()
+        return {
+            "kind": "StreamStorage",
+            "config": self._config(),
+            "device": str(self.device),
+            "backing": self.backing.state_dict(),
+            "lanes": {k: v.copy() for k, v in self.lanes.arrays().items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load a :meth:`state_dict` of a stream with the same settings (checked first).
+
+        Sampling then matches the saved stream; the next ``extend`` starts new episodes.
+        """
+        self._check_open()
+        if state.get("config") != self._config():
+            raise ValueError("state: it belongs to a StreamStorage with other settings")
+        check = Lanes(self.num_envs, self.lane_capacity, 1, 1)
+        for k in _LANE_KEYS:  # every shape checked before anything changes
+            if np.shape(state["lanes"][k]) != getattr(check, k).shape:
+                raise ValueError(f"state: lane array {k!r} has the wrong shape")
+        self.backing.load_state_dict(state["backing"])
+        self.lanes.load(state["lanes"])
+        self._cut[:] = True
+        if self._path is not None:
+            self.flush()
+
+    @classmethod
+    def from_state_dict(
+        cls, state: Mapping[str, Any], device: str | torch.device | None = None
+    ) -> StreamStorage:
+        """Rebuild a stream: a disk one reopens its directory, a RAM one is reallocated (on
+        ``device``, default the saved one) and loaded."""
+        cfg = state["config"]
+        args = (Spec.from_dict(cfg["spec"]), cfg["num_envs"], cfg["capacity"])
+        kw = dict(
+            autoreset=cfg["autoreset"],
+            reads=ReadSpec(**cfg["reads"]),
+            stacked_input=cfg["stacked_input"],
+        )
+        kind = state["backing"].get("kind")
+        if kind == "MemmapStorage":
+            return cls(*args, "disk", path=state["backing"]["path"], **kw)
+        if kind != "TensorStorage":
+            raise TypeError(f"state: cannot rebuild a {kind} backing")
+        store = cls(*args, "ram", device or state["device"], **kw)
+        store.load_state_dict(state)
+        return store
+
+    def flush(self) -> None:
+        """Disk: sync the data, then save the bookkeeping atomically (``stream.npz``)."""
+        self._check_open()
+        if self._path is not None:
+            _persist(self.backing, self.lanes, self._path, self._margin, self._config())
+        elif hasattr(self.backing, "flush"):
+            self.backing.flush()
+
+    def close(self) -> None:
+        """Save (disk) and close the backing (idempotent)."""
+        if self._closed:
+            return
+        try:
+            if self._path is not None:
+                self._finalizer()
+        finally:
+            self._closed = True
+            self.backing.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("StreamStorage is closed")
+
+    def __enter__(self) -> StreamStorage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"StreamStorage({self.spec!r}, num_envs={self.num_envs}, capacity={self.capacity}, "
+            f"{self.reads}, autoreset={self.autoreset!r}, backing={type(self.backing).__name__})"
+        )
+
+
+def _persist(store: Any, lanes: Lanes, path: Path, margin: int, config: dict[str, Any]) -> None:
+    """Sync the data pages, then save the bookkeeping atomically (temp file, fsync,
+    ``os.replace``, fsync of the directory), vouching for ``margin`` more slots per lane."""
+    try:
+        store.flush()  # msync: data reach the disk before the bookkeeping that counts them
+    except RuntimeError:
+        if not getattr(store, "_closed", False):
+            raise  # a closed MemmapStorage flushed itself when it closed
+    lanes.reserved[:] = lanes.count + margin
+    tmp = path / f".{NPZ}.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, config=np.array(json.dumps(config)), **lanes.arrays())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path / NPZ)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _leading(value: Any, ndim: int, name: str) -> tuple[int, ...]:
+    """The leading dims (``(N,)`` or ``(T, N)``) of the first obs field."""
+    if value is None:
+        raise ValueError(f"batch: field {name!r} is missing")
+    shape = tuple(value.shape) if hasattr(value, "shape") else np.shape(value)
+    if len(shape) not in (ndim + 1, ndim + 2):
+        raise ValueError(
+            f"field {name!r}: expected [N, ...] or [T, N, ...] with {ndim} dims per row, "
+            f"got shape {list(shape)}"
+        )
+    return shape[: len(shape) - ndim]
+
+
+def _flat(name: str, value: Any, head: tuple[int, ...]) -> Any:
+    """``[T, N, ...]`` -> ``[T * N, ...]`` (checked against the obs field's leading dims)."""
+    if len(head) == 1:
+        return value
+    if not isinstance(value, (torch.Tensor, np.ndarray)):
+        value = np.asarray(value)
+    if tuple(value.shape[:2]) != head:
+        raise ValueError(
+            f"field {name!r}: expected leading dims {list(head)}, got {list(value.shape)}"
+        )
+    return value.reshape(head[0] * head[1], *value.shape[2:])
+
+
+def _out_for(out: Batch | None, name: str, rows: int, t: torch.Tensor) -> torch.Tensor | None:
+    """``out[name]`` when a gather can fill it in place (contiguous, same dtype and device)."""
+    dst = None if out is None else out.get(name)
+    if dst is None or dst.dtype != t.dtype or dst.device != t.device or not dst.is_contiguous():
+        return None
+    return dst if dst.numel() == rows * t[0].numel() else None
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    return (t if t.device.type == "cpu" else t.to("cpu")).numpy()
+
+
+def _index_array(index: Any, capacity: int) -> np.ndarray:
+    """Indices of any shape as int64, checked to be in ``[0, capacity)``."""
+    if isinstance(index, slice):
+        index = np.arange(*index.indices(capacity), dtype=np.int64)
+    if isinstance(index, torch.Tensor):
+        index = index.detach().to("cpu").numpy()
+    idx = np.asarray(index)
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"index: expected integer indices, got dtype {idx.dtype}")
+    idx = idx.astype(np.int64, copy=False)
+    if idx.size and (idx.min() < 0 or idx.max() >= capacity):
+        raise IndexError(
+            f"index: values must be in [0, {capacity}), got min {idx.min()} max {idx.max()}"
+        )
+    return idx
+
+
+def compare_layouts(
+    spec: Spec | Mapping, capacity: int, num_envs: int = 1, frame_stack: int = 1
+) -> str:
+    """Bytes of ``capacity`` transitions as a naive buffer (obs and next_obs stored) and as a
+    stream storage (each frame once, plus one slot per episode end), as a text table.
+
+    ``spec`` describes a transition (``next_obs`` fields are ignored). An observation with at
+    least 3 dims whose first equals ``frame_stack`` (> 1) is taken as stacked frames
+    (gymnasium's FrameStackObservation): the stream stores its newest frame only.
+    """
+    from rlstash.memory import human_bytes
+
+    spec = as_spec(spec)
+    step = {k: f for k, f in spec.items() if k != "next_obs" and not k.startswith("next_obs/")}
+    stacked = frame_stack > 1 and all(
+        len(spec[k].shape) >= 3 and spec[k].shape[0] == frame_stack for k in obs_names(Spec(step))
+    )
+    k = frame_stack if stacked else 1
+    naive = sum(StreamStorage.naive_bytes(step, capacity, k, stacked).values())
+    slots = capacity // num_envs * num_envs
+    stream = sum(StreamStorage.plan_bytes(step, slots, k, stacked).values())
+    rows = [
+        ("layout", "bytes/transition", "total", "vs naive"),
+        ("naive (obs + next_obs)", f"{naive // capacity:,}", human_bytes(naive), "1.000"),
+        (
+            "stream (frames once)",
+            f"{stream // slots:,}",
+            human_bytes(stream),
+            f"{stream / naive:.3f}",
+        ),
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [
+        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        for r in rows
+    ]
+    rebuilt = f"frame stacks of {k} and next obs" if k > 1 else "next obs"
+    note = (
+        f"stream: {num_envs} lanes of {slots // num_envs:,} slots; {rebuilt} rebuilt on read; "
+        "an episode end takes one more slot (its final observation)"
+    )
+    return "\n".join([*lines, note])
+
+
+register_kind("StreamStorage", lambda state, device: StreamStorage.from_state_dict(state, device))
+
+__all__ = [
+    "Lanes",
+    "ReadSpec",
+    "StreamStorage",
+    "compare_layouts",
+    "obs_names",
+    "slot_spec",
+    "step_spec",
+]
