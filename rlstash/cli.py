@@ -72,6 +72,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if stream:
         print()
         print(stream)
+    if not result.fits:
+        from rlstash.memory import InsufficientMemoryError
+
+        try:
+            result.check()
+        except InsufficientMemoryError as exc:
+            print(f"\ndoes not fit: {exc}")
     return 0 if result.fits else 1
 
 

@@ -1,0 +1,60 @@
+"""The command line: plan, doctor, argument errors as one clear line."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlstash import cli
+
+
+def test_parse_field():
+    name, f = cli.parse_field("obs=4x84x84:uint8")
+    assert name == "obs" and f.shape == (4, 84, 84) and f.row_bytes == 28224
+    name, f = cli.parse_field("action=:int64")
+    assert f.shape == () and f.row_bytes == 8
+
+
+@pytest.mark.parametrize("text", ["obs", "obs=4x84", "obs=4xx:uint8", "obs=4:uint9", "=4:uint8"])
+def test_parse_field_errors(text):
+    with pytest.raises(ValueError, match="--field"):
+        cli.parse_field(text)
+
+
+def test_plan_default_atari_buffer(capsys):
+    rc = cli.main(["plan", "--capacity", "1000"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "28,224,000" in out  # 1000 rows of 4x84x84 uint8, exact
+    assert "stream (frames once)" in out
+
+
+def test_plan_from_env(capsys):
+    assert cli.main(["plan", "--env", "CartPole-v1", "--capacity", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "next_obs" in out and "1,600" in out  # 100 x 4 float32
+
+
+def test_plan_that_does_not_fit_names_numbers_and_fix(capsys):
+    rc = cli.main(["plan", "--field", "obs=4x84x84:uint8", "--capacity", "100000000"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "does not fit" in out and "2,822,400,000,000" in out and "capacity" in out
+
+
+def test_bad_arguments_are_one_line(capsys):
+    rc = cli.main(["plan", "--field", "obs=4:uint9"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "uint9" in err
+    rc = cli.main(["plan", "--env", "NoSuchEnv-v0"])
+    assert rc == 2 and "NoSuchEnv-v0" in capsys.readouterr().err
+
+
+@pytest.mark.allow_cuda  # doctor asks the machine what it has, CUDA included
+def test_doctor_reports_the_machine(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    for key in ("CUDA visible", "RAM available", "/dev/shm", "open-file limit", "start methods"):
+        assert key in out
