@@ -88,6 +88,8 @@ def _stream_figures(spec: Spec, args: argparse.Namespace) -> str:
         from rlstash.storage.stream import compare_layouts
     except ImportError:
         return ""
+    if "action" not in spec or not any(k == "obs" or k.startswith("obs/") for k in spec):
+        return ""  # the stream layout needs an obs and an action field
     return compare_layouts(
         spec, args.capacity, num_envs=args.num_envs, frame_stack=args.frame_stack
     )

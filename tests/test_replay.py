@@ -67,10 +67,22 @@ def test_ring_overwrites_oldest_and_oversized_batch_keeps_tail():
 @pytest.mark.parametrize(
     "bad, err, match",
     [
-        ({**rows(0, 4), "obs": torch.zeros(4, 2)}, ValueError, r"field 'obs': expected shape \[N, 3\]"),
-        ({**rows(0, 4), "action": torch.zeros(4)}, TypeError, "field 'action': expected dtype int64, got float32"),
+        (
+            {**rows(0, 4), "obs": torch.zeros(4, 2)},
+            ValueError,
+            r"field 'obs': expected shape \[N, 3\]",
+        ),
+        (
+            {**rows(0, 4), "action": torch.zeros(4)},
+            TypeError,
+            "field 'action': expected dtype int64, got float32",
+        ),
         ({**rows(0, 4), "reward": torch.zeros(3)}, ValueError, "field 'reward': has 3 rows"),
-        ({k: v for k, v in rows(0, 4).items() if k != "terminated"}, ValueError, r"missing \['terminated'\]"),
+        (
+            {k: v for k, v in rows(0, 4).items() if k != "terminated"},
+            ValueError,
+            r"missing \['terminated'\]",
+        ),
         ({**rows(0, 4), "extra": torch.zeros(4)}, ValueError, r"unexpected \['extra'\]"),
         ([1, 2, 3], TypeError, "batch: expected a dict"),
     ],
@@ -185,14 +197,20 @@ def test_concurrent_extend_and_sample_never_tear_rows():
             if len(rb) == 0:
                 continue
             b = rb.sample(32)
-            bad = (b["data"].sum(1) != b["check"]) | (b["data"].min(1).values != b["data"].max(1).values)
+            bad = (b["data"].sum(1) != b["check"]) | (
+                b["data"].min(1).values != b["data"].max(1).values
+            )
             if bad.any():
                 errors.append(f"torn rows at {b['index'][bad].tolist()}")
             if (b["check"] == 0).any() and (b["data"][b["check"] == 0] != 0).any():
                 errors.append("unwritten row returned")
 
-    threads = [threading.Thread(target=writer)] + [threading.Thread(target=sampler) for _ in range(2)]
-    rb.extend({"data": torch.zeros(1, 64, dtype=torch.int64), "check": torch.zeros(1, dtype=torch.int64)})
+    threads = [threading.Thread(target=writer)] + [
+        threading.Thread(target=sampler) for _ in range(2)
+    ]
+    rb.extend(
+        {"data": torch.zeros(1, 64, dtype=torch.int64), "check": torch.zeros(1, dtype=torch.int64)}
+    )
     for t in threads:
         t.start()
     for t in threads[1:]:
@@ -202,7 +220,9 @@ def test_concurrent_extend_and_sample_never_tear_rows():
     assert not errors, errors[:3]
 
 
-@pytest.mark.parametrize("sampler", [UniformSampler, lambda: PrioritizedSampler(alpha=0.6, beta=0.4)])
+@pytest.mark.parametrize(
+    "sampler", [UniformSampler, lambda: PrioritizedSampler(alpha=0.6, beta=0.4)]
+)
 def test_save_load_samples_exactly_the_same(tmp_path, sampler):
     rb = make(capacity=32, sampler=sampler())
     rb.extend(rows(0, 40))
