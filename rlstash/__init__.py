@@ -36,7 +36,7 @@ _EXPORTS: dict[str, str] = {
     "RateLimiter": "rlstash.ratelimit",
     # envs and collection
     "EnvPool": "rlstash.envs.pool",
-    "WorkerFailedError": "rlstash.envs.pool",
+    "WorkerFailedError": "rlstash.envs.errors",
     "Collector": "rlstash.collect.sync",
     "AsyncCollector": "rlstash.collect.async_",
     # agents
