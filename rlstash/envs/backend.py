@@ -1,0 +1,108 @@
+"""What the in-process and the multi-process backends of a pool share (torch-free).
+
+A backend steps the envs and writes into :class:`~rlstash.envs.shm.SharedArrays`; the pool
+validates arguments, writes actions and assembles gymnasium-style results. ``reset`` and
+``step_wait`` return info *parts* ``(first_env, infos)``: each block of envs batched into
+gymnasium's array form (:func:`~rlstash.envs.infos.batch_infos`), merged by the pool. Every backend
+method that can meet a failed env group returns the pool indices of the envs that were
+restarted, and records a :class:`RestartEvent`; past ``max_restarts`` failures of one group
+it closes itself and raises :class:`WorkerFailedError`.
+
+Restart report modes (the ``restarted`` flag of a reset): ``NO_REPORT`` for a restart during
+``reset`` (the reset observation is what reset returns anyway), ``REPORT_NOW`` during a step
+(flags of this step say truncated), ``REPORT_NEXT`` elsewhere (``call``, ``set_attr``): the
+next step does not step those envs but reports them truncated, so an episode is never
+stitched to the fresh one.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from rlstash.envs.errors import (
+    RestartEvent,
+    WorkerFailedError,
+    WorkerRestartWarning,
+    user_stacklevel,
+)
+from rlstash.envs.shm import SharedArrays
+
+NO_REPORT, REPORT_NOW, REPORT_NEXT = 0, 1, 2
+
+
+class Backend:
+    """Restart bookkeeping shared by both backends."""
+
+    shared: SharedArrays
+    num_workers: int
+
+    def __init__(self, max_restarts: int, seed_rng: np.random.Generator) -> None:
+        self.max_restarts = max_restarts
+        self.seed_rng = seed_rng
+        self.events: list[RestartEvent] = []
+        self.failures: dict[int, int] = {}
+        self.deferred: list[int] = []  # envs restarted outside a step, reported next step
+
+    def fresh_seeds(self, k: int) -> list[int]:
+        """``k`` new reset seeds from the pool's generator (a restart never repeats seeds)."""
+        return [int(s) for s in self.seed_rng.integers(0, 2**31 - 1, size=k)]
+
+    def record_failure(
+        self,
+        worker: int,
+        envs: tuple[int, ...],
+        reason: str,
+        error: str,
+        exitcode: int | None,
+        command: str,
+        pid: int = 0,
+    ) -> RestartEvent:
+        """Count a failure; warn; raise WorkerFailedError (after closing) past the budget."""
+        count = self.failures.get(worker, 0) + 1
+        self.failures[worker] = count
+        event = RestartEvent(worker, envs, reason, error, exitcode, count, command, pid)
+        self.events.append(event)
+        if count > self.max_restarts:
+            mine = [e for e in self.events if e.worker == worker]
+            self.close()
+            raise WorkerFailedError(worker, envs, count, self.max_restarts, error, mine)
+        span = f"{envs[0]}..{envs[-1]}" if len(envs) > 1 else str(envs[0])
+        warnings.warn(
+            f"env worker {worker} (envs {span}) {reason} during {command}; restarting it "
+            f"({count}/{self.max_restarts}); its episodes end as truncated. "
+            f"Error: {error.strip().splitlines()[-1] if error.strip() else reason}",
+            WorkerRestartWarning,
+            stacklevel=user_stacklevel(),
+        )
+        return event
+
+    def take_deferred(self) -> list[int]:
+        out, self.deferred = self.deferred, []
+        return out
+
+    # Interface (implemented by both backends) -------------------------------------------
+    def start(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def reset(
+        self, seeds: list[int | None], options: dict | None, mask: np.ndarray | None
+    ) -> tuple[list[tuple[int, dict]], list[int]]:
+        raise NotImplementedError
+
+    def step_async(self) -> None:
+        raise NotImplementedError
+
+    def step_wait(self, timeout: float | None) -> tuple[list[tuple[int, dict]], list[int]]:
+        raise NotImplementedError
+
+    def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
+        raise NotImplementedError
+
+    def set_attr(self, name: str, values: list[Any]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError

@@ -1,0 +1,157 @@
+"""Argument checking for :class:`~rlstash.envs.pool.EnvPool` (torch-free).
+
+Every bad argument raises ValueError/TypeError naming the argument, what was expected and
+what came, before any process starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from gymnasium.vector import AutoresetMode
+
+from rlstash.envs.cpus import usable_cpus
+from rlstash.envs.errors import OversubscriptionWarning, user_stacklevel
+from rlstash.envs.launch import START_METHODS, default_start_method
+
+OVERSUBSCRIPTION = 2  # warn when workers > this many times the usable cores
+
+_MODES = {
+    "next_step": "next_step",
+    "same_step": "same_step",
+    "disabled": "disabled",
+    AutoresetMode.NEXT_STEP.value: "next_step",
+    AutoresetMode.SAME_STEP.value: "same_step",
+    AutoresetMode.DISABLED.value: "disabled",
+}
+MODE_ENUM = {
+    "next_step": AutoresetMode.NEXT_STEP,
+    "same_step": AutoresetMode.SAME_STEP,
+    "disabled": AutoresetMode.DISABLED,
+}
+
+
+def _make(env_id: Any, **kwargs: Any) -> Any:
+    import gymnasium
+
+    return gymnasium.make(env_id, **kwargs)
+
+
+def _registered(env_id: str) -> Any:
+    """The EnvSpec if ``env_id`` is registered here (so workers need not register it), else
+    the id itself (gymnasium resolves ``"module:Name-v0"`` ids in the worker)."""
+    import gymnasium
+
+    try:
+        return gymnasium.spec(env_id)
+    except gymnasium.error.Error:
+        return env_id
+
+
+def factories(
+    env_fns: str | Callable | Sequence[Callable],
+    num_envs: int | None,
+    env_kwargs: Mapping[str, Any] | None,
+) -> list[Callable]:
+    """One zero-argument factory per env from an env id, a factory, or a list of factories."""
+    if env_kwargs is not None and not isinstance(env_kwargs, Mapping):
+        raise TypeError(f"env_kwargs: expected a dict or None, got {type(env_kwargs).__name__}")
+    kwargs = dict(env_kwargs or {})
+    if isinstance(env_fns, str):
+        one: Callable | None = functools.partial(_make, _registered(env_fns), **kwargs)
+    elif callable(env_fns):
+        one = functools.partial(env_fns, **kwargs) if kwargs else env_fns
+    elif isinstance(env_fns, Sequence) and env_fns and all(callable(f) for f in env_fns):
+        one = None
+    else:
+        raise TypeError(
+            "env_fns: expected a gymnasium env id (str), an env factory (callable) or a "
+            f"non-empty list of factories, got {type(env_fns).__name__}"
+        )
+    if one is not None:
+        if num_envs is None:
+            raise ValueError("num_envs: required with an env id or a single factory, got None")
+        return [one] * check_positive_int("num_envs", num_envs)
+    fns = list(env_fns)  # type: ignore[arg-type]
+    if num_envs is not None and check_positive_int("num_envs", num_envs) != len(fns):
+        raise ValueError(f"num_envs: {num_envs} given with {len(fns)} env factories")
+    return [functools.partial(f, **kwargs) for f in fns] if kwargs else fns
+
+
+def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    """``value`` as an int >= minimum, else TypeError/ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    return int(value)
+
+
+def autoreset_mode(value: str | AutoresetMode) -> str:
+    """``"next_step"``, ``"same_step"`` or ``"disabled"`` from a name or the gymnasium enum."""
+    key = value.value if isinstance(value, AutoresetMode) else value
+    if not isinstance(key, str) or key not in _MODES:
+        raise ValueError(
+            f"autoreset_mode: expected one of 'next_step', 'same_step', 'disabled' or a "
+            f"gymnasium.vector.AutoresetMode, got {value!r}"
+        )
+    return _MODES[key]
+
+
+def num_workers(value: int | str | None, num_envs: int) -> int | str:
+    """Resolve ``num_workers``: None -> usable cores (at most one per env); ``"auto"`` stays.
+
+    Warns (:class:`OversubscriptionWarning`) when far more workers than cores are asked for.
+    """
+    if value == "auto":
+        return "auto"
+    cores = usable_cpus()
+    if value is None:
+        return min(cores, num_envs)
+    if isinstance(value, str):
+        raise ValueError(f"num_workers: expected an int >= 0, None or 'auto', got {value!r}")
+    w = min(check_positive_int("num_workers", value, minimum=0), num_envs)
+    if w > OVERSUBSCRIPTION * cores:
+        warnings.warn(
+            f"num_workers={w} worker processes for {cores} usable CPU core(s) "
+            f"(affinity and cgroup quota): more than {OVERSUBSCRIPTION}x oversubscribed, "
+            f"steps will be slower than with num_workers={cores}",
+            OversubscriptionWarning,
+            stacklevel=user_stacklevel(),
+        )
+    return w
+
+
+def start_method(value: str | None) -> str:
+    """Default: forkserver where available, else spawn; fork only when asked."""
+    if value is None:
+        return default_start_method()
+    if value not in START_METHODS:
+        raise ValueError(f"start_method: expected one of {START_METHODS} or None, got {value!r}")
+    return value
+
+
+def step_timeout(value: float | None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+        raise ValueError(f"step_timeout: expected seconds > 0 or None, got {value!r}")
+    return float(value)
+
+
+def seed(value: int | None) -> int | None:
+    if value is None:
+        return None
+    return check_positive_int("seed", value, minimum=0)
+
+
+def worker_env(value: Mapping[str, str] | None) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise TypeError(f"worker_env: expected a dict of str -> str, got {value!r}")
+    return {k: str(v) for k, v in value.items()}

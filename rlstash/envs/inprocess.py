@@ -1,0 +1,161 @@
+"""The in-process backend (``num_workers=0``): the envs step in the calling process.
+
+Same arrays, same :class:`~rlstash.envs.runner.EnvRunner` as a worker, no processes and no
+messages, so the cost over a plain loop is the writes into the batch arrays. An env that
+raises is handled like a failed worker (all envs rebuilt from their factories with fresh
+seeds, episodes ended as truncated, counted against ``max_restarts``). A segfault or a hang
+cannot be contained in-process: use worker processes for envs that may do that.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from rlstash.envs.backend import NO_REPORT, REPORT_NEXT, REPORT_NOW, Backend
+from rlstash.envs.errors import WorkerFailedError
+from rlstash.envs.infos import batch_infos
+from rlstash.envs.runner import EnvRunner, check_spaces
+from rlstash.envs.shm import Layout, SharedArrays
+
+
+class InProcessBackend(Backend):
+    """All envs in this process; "worker 0" in restart events."""
+
+    num_workers = 0
+
+    def __init__(
+        self,
+        factories: list[Callable],
+        mode: str,
+        max_restarts: int,
+        seed_rng: np.random.Generator,
+    ) -> None:
+        super().__init__(max_restarts, seed_rng)
+        self.factories = list(factories)
+        self.mode = mode
+        self.envs_idx = tuple(range(len(factories)))
+        self.runner: EnvRunner | None = None
+        self.closed = False
+
+    def _build(self) -> tuple[list, Any, Any]:
+        envs = []
+        try:
+            for f in self.factories:
+                envs.append(f())
+            obs_space, act_space = check_spaces(envs, 0)
+        except BaseException:
+            for env in envs:
+                _close_quietly(env)
+            raise
+        return envs, obs_space, act_space
+
+    def start(self) -> dict[str, Any]:
+        """Build the envs and the arrays; returns spaces, metadata, render_mode, spec."""
+        try:
+            envs, obs_space, act_space = self._build()
+        except ValueError:
+            raise
+        except Exception as exc:
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            raise WorkerFailedError(0, self.envs_idx, 1, 0, text, [], starting=True) from exc
+        layout = Layout.build(obs_space, act_space, len(envs), final_obs=self.mode == "same_step")
+        self.shared = SharedArrays(layout, None)
+        self.spaces = (obs_space, act_space)
+        self.runner = EnvRunner(envs, 0, self.shared, obs_space, act_space, self.mode)
+        first = envs[0]
+        return {
+            "observation_space": obs_space,
+            "action_space": act_space,
+            "metadata": dict(getattr(first, "metadata", {}) or {}),
+            "render_mode": getattr(first, "render_mode", None),
+            "spec": getattr(first, "spec", None),
+        }
+
+    def _restart(self, exc: BaseException, command: str, codes: list[int]) -> list[int]:
+        """Rebuild every env until it works or the budget is spent (then raise)."""
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        while True:
+            assert self.runner is not None
+            for env in self.runner.envs:
+                _close_quietly(env)
+            self.runner.envs = []
+            self.record_failure(0, self.envs_idx, "exception", text, None, command)
+            try:
+                envs, obs_space, act_space = self._build()
+                if (obs_space, act_space) != self.spaces:
+                    raise ValueError(f"rebuilt envs have spaces {obs_space}, {act_space}")
+                self.runner = EnvRunner(envs, 0, self.shared, *self.spaces, self.mode)
+                self.runner.reset(self.fresh_seeds(len(envs)), None, None)
+                self.runner.mark_restarted(codes)
+                break
+            except Exception as again:
+                text = "".join(traceback.format_exception(type(again), again, again.__traceback__))
+                command = "restart"
+        self.deferred.extend(i for i, c in zip(self.envs_idx, codes) if c == REPORT_NEXT)
+        return [i for i, c in zip(self.envs_idx, codes) if c != REPORT_NEXT]
+
+    def reset(
+        self, seeds: list[int | None], options: dict | None, mask: np.ndarray | None
+    ) -> tuple[list[tuple[int, dict]], list[int]]:
+        """Reset (the masked) envs; an env that raises triggers a restart."""
+        assert self.runner is not None
+        sub_mask = None if mask is None else mask.tolist()
+        try:
+            return _parts(self.runner.reset(seeds, options, sub_mask), len(seeds)), []
+        except Exception as exc:
+            in_reset = sub_mask if sub_mask is not None else [True] * len(seeds)
+            codes = [NO_REPORT if m else REPORT_NEXT for m in in_reset]
+            return [], self._restart(exc, "reset", codes)
+
+    def step_async(self) -> None:
+        """Nothing to send: the step runs in :meth:`step_wait`."""
+
+    def step_wait(self, timeout: float | None) -> tuple[list[tuple[int, dict]], list[int]]:
+        """Step every env (``timeout`` cannot apply in-process and is ignored)."""
+        assert self.runner is not None
+        deferred = self.take_deferred()
+        try:
+            return _parts(self.runner.step(), len(self.envs_idx)), deferred
+        except Exception as exc:
+            return [], deferred + self._restart(exc, "step", [REPORT_NOW] * len(self.envs_idx))
+
+    def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
+        """``env.<name>(*args, **kwargs)`` (or the attribute) for every env."""
+        assert self.runner is not None
+        return self.runner.call(name, args, kwargs)
+
+    def set_attr(self, name: str, values: list[Any]) -> None:
+        """Set ``name`` on every env to ``values[i]``."""
+        assert self.runner is not None
+        self.runner.set_attr(name, values)
+
+    def pids(self) -> list[int]:
+        return []
+
+    def close(self) -> None:
+        """Close the envs (errors are swallowed: closing must finish) and the arrays."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.runner is not None:
+            for env in self.runner.envs:
+                _close_quietly(env)
+            self.runner.envs = []
+        shared = getattr(self, "shared", None)
+        if shared is not None:
+            shared.close()
+
+
+def _parts(entries: list[tuple[int, dict]], n: int) -> list[tuple[int, dict]]:
+    return [(0, batch_infos(entries, n))] if entries else []
+
+
+def _close_quietly(env: Any) -> None:
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001 - best effort while closing or restarting
+        pass

@@ -1,0 +1,397 @@
+"""The multi-process backend of :class:`~rlstash.envs.pool.EnvPool` (torch-free).
+
+W workers each hold a contiguous block of envs. A step is: the pool writes the actions into
+shared memory, writes one 5-byte STEP message per worker, then reads one reply per worker
+(blocking reads: the main process sleeps while the workers step). A worker whose reply pipe
+hits end of file died; one that does not answer before the deadline is killed; one that
+answers ERROR raised in an env. Each of them is restarted from its factories with fresh
+seeds (see :mod:`rlstash.envs.backend` for how the restart is reported).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+from rlstash.envs import protocol as P
+from rlstash.envs.backend import NO_REPORT, REPORT_NEXT, REPORT_NOW, Backend
+from rlstash.envs.errors import WorkerFailedError
+from rlstash.envs.launch import Launcher, WorkerProcess
+from rlstash.envs.shm import Layout, SharedArrays, create_segment, resize_segment
+from rlstash.envs.worker import dumps
+
+START_TIMEOUT = 120.0  # seconds for a worker to build its envs
+CLOSE_TIMEOUT = 5.0  # seconds for workers to close their envs before SIGKILL
+
+
+class _Failure(Exception):
+    """Internal: one worker failed; carries the reason and the error text."""
+
+    def __init__(self, reason: str, error: str) -> None:
+        super().__init__(reason)
+        self.reason, self.error = reason, error
+
+
+class _Slot:
+    """A worker position: its envs and factories survive the processes that fill it."""
+
+    def __init__(self, index: int, start: int, factories: list[Callable]) -> None:
+        self.index = index
+        self.start = start
+        self.envs = tuple(range(start, start + len(factories)))
+        self.blob = cloudpickle.dumps(list(factories))
+        self.proc: WorkerProcess | None = None
+        self.pending = 0  # replies still to read (after an interrupted wait)
+        self.send_failed = False
+
+
+def describe_exit(code: int | None) -> str:
+    """``-11`` -> ``"signal 11 (SIGSEGV)"``; ``1`` -> ``"exit code 1"``."""
+    if code is None:
+        return "an unknown status"
+    if code < 0:
+        import signal
+
+        try:
+            return f"signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class ProcessBackend(Backend):
+    """Envs stepped by ``num_workers`` worker processes over one shared segment."""
+
+    def __init__(
+        self,
+        factories: list[Callable],
+        num_workers: int,
+        mode: str,
+        start_method: str,
+        environ: Mapping[str, str],
+        step_timeout: float | None,
+        max_restarts: int,
+        seed_rng: np.random.Generator,
+    ) -> None:
+        super().__init__(max_restarts, seed_rng)
+        n = len(factories)
+        sizes = [n // num_workers + (1 if w < n % num_workers else 0) for w in range(num_workers)]
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int).tolist()
+        self.slots = [
+            _Slot(w, starts[w], factories[starts[w] : starts[w] + sizes[w]])
+            for w in range(num_workers)
+        ]
+        self.num_workers = num_workers
+        self.num_envs = n
+        self.mode = mode
+        self.step_timeout = step_timeout
+        self.launcher = Launcher(start_method, environ)
+        self.mem_fd = -1
+        self.layout: Layout | None = None
+        self.spaces: dict[str, Any] = {}
+        self.owner = os.getpid()
+        self.closed = False
+
+    # --- start ------------------------------------------------------------------------
+    def start(self) -> dict[str, Any]:
+        """Start every worker, build envs, lay out and attach shared memory.
+
+        Returns worker 0's description (spaces, metadata, render_mode, spec).
+        """
+        self.mem_fd = create_segment(0, "pool")
+        for slot in self.slots:
+            slot.proc = self.launcher.start(self.mem_fd, self._procs())
+        for slot in self.slots:
+            self._send(slot, P.INIT, self._init_payload(slot))
+        deadline = time.monotonic() + START_TIMEOUT
+        described = []
+        for slot in self.slots:
+            try:
+                described.append(pickle.loads(self._recv(slot, deadline, starting=True)))
+            except _Failure as f:
+                self.close()
+                raise WorkerFailedError(
+                    slot.index, slot.envs, 1, 0, f.error, [], starting=True
+                ) from None
+        first = described[0]
+        for slot, d in zip(self.slots, described):
+            self._check_same_spaces(slot, d, first)
+        self.spaces = first
+        self.layout = Layout.build(
+            first["observation_space"],
+            first["action_space"],
+            self.num_envs,
+            final_obs=self.mode == "same_step",
+        )
+        resize_segment(self.mem_fd, self.layout.nbytes)
+        self.shared = SharedArrays(self.layout, self.mem_fd)
+        for slot in self.slots:
+            self._send(slot, P.ATTACH, pickle.dumps(self.layout))
+        for slot in self.slots:
+            try:
+                self._recv(slot, deadline, starting=True)
+            except _Failure as f:
+                self.close()
+                raise WorkerFailedError(
+                    slot.index, slot.envs, 1, 0, f.error, [], starting=True
+                ) from None
+        return first
+
+    def _init_payload(self, slot: _Slot) -> bytes:
+        import sys
+
+        return pickle.dumps((list(sys.path), slot.start, self.mode, slot.blob))
+
+    def _check_same_spaces(self, slot: _Slot, got: dict, want: dict) -> None:
+        for key in ("observation_space", "action_space"):
+            if got[key] != want[key]:
+                self.close()
+                raise ValueError(
+                    f"env {slot.start}: {key} {got[key]} differs from env 0's {want[key]}; "
+                    "every env of a pool needs the same spaces"
+                )
+
+    def _procs(self) -> list[WorkerProcess]:
+        return [s.proc for s in self.slots if s.proc is not None]
+
+    # --- messaging --------------------------------------------------------------------
+    def _send(self, slot: _Slot, tag: bytes, payload: bytes = b"") -> None:
+        assert slot.proc is not None
+        self._drain(slot)
+        try:
+            P.send(slot.proc.cmd_fd, tag, payload)
+            slot.pending += 1
+        except P.PeerGone:
+            slot.send_failed = True
+
+    def _recv(self, slot: _Slot, deadline: float | None, starting: bool = False) -> bytes:
+        """The payload of the next OK reply; raises _Failure otherwise."""
+        assert slot.proc is not None
+        if slot.send_failed:
+            slot.send_failed = False
+            raise _Failure("died", self._death_text(slot))
+        try:
+            tag, payload = P.recv(slot.proc.reply_fd, deadline)
+        except P.PeerGone:
+            slot.pending = 0
+            raise _Failure("died", self._death_text(slot)) from None
+        except P.ReplyTimeout:
+            limit = f"{START_TIMEOUT} s (start)" if starting else f"{self.step_timeout} s"
+            raise _Failure("timeout", f"no answer within {limit}") from None
+        slot.pending -= 1
+        if tag == P.ERROR:
+            raise _Failure("exception", pickle.loads(payload)["traceback"])
+        return payload
+
+    def _drain(self, slot: _Slot) -> None:
+        """Read replies left over from an interrupted wait so the next reply is ours."""
+        while slot.pending > 0 and not slot.send_failed:
+            try:
+                P.recv(slot.proc.reply_fd, time.monotonic() + CLOSE_TIMEOUT)  # type: ignore[union-attr]
+                slot.pending -= 1
+            except (P.PeerGone, P.ReplyTimeout):
+                slot.send_failed = True  # handled as a death by the next _recv
+
+    def _death_text(self, slot: _Slot) -> str:
+        proc = slot.proc
+        assert proc is not None
+        proc.kill()
+        code = proc.reap(CLOSE_TIMEOUT)
+        return f"worker process {proc.pid} ended with {describe_exit(code)}"
+
+    # --- reset / step -----------------------------------------------------------------
+    def reset(
+        self, seeds: list[int | None], options: dict | None, mask: np.ndarray | None
+    ) -> tuple[list[tuple[int, dict]], list[int]]:
+        """Reset (the masked) envs; returns info parts and the restarted envs.
+
+        A worker restarted here resets all its envs; those outside ``mask`` are reported
+        truncated at the next step (code ``REPORT_NEXT``).
+        """
+        sent, codes = [], {}
+        for slot in self.slots:
+            rows = slice(slot.envs[0], slot.envs[-1] + 1)
+            sub_mask = None if mask is None else mask[rows].tolist()
+            if sub_mask is not None and not any(sub_mask):
+                continue
+            self._send(slot, P.RESET, dumps((seeds[rows], options, sub_mask, None)))
+            sent.append(slot)
+            in_reset = sub_mask if sub_mask is not None else [True] * len(slot.envs)
+            codes[slot.index] = [NO_REPORT if m else REPORT_NEXT for m in in_reset]
+        return self._gather(sent, self._deadline(None), "reset", codes)
+
+    def step_async(self) -> None:
+        """One 5-byte STEP message per worker (actions are already in shared memory)."""
+        message = P.STEP_MESSAGE
+        for slot in self.slots:
+            if slot.pending:
+                self._drain(slot)
+            try:
+                os.write(slot.proc.cmd_fd, message)  # type: ignore[union-attr]
+                slot.pending += 1
+            except OSError:
+                slot.send_failed = True
+
+    def step_wait(self, timeout: float | None) -> tuple[list[tuple[int, dict]], list[int]]:
+        """Read one reply per worker; restart failed workers (their envs: truncated)."""
+        deferred = self.take_deferred()
+        codes = {s.index: [REPORT_NOW] * len(s.envs) for s in self.slots}
+        parts, restarted = self._gather(self.slots, self._deadline(timeout), "step", codes)
+        return parts, deferred + restarted
+
+    def _deadline(self, timeout: float | None) -> float | None:
+        t = self.step_timeout if timeout is None else timeout
+        return None if t is None else time.monotonic() + t
+
+    def _gather(
+        self, slots: list[_Slot], deadline: float | None, command: str, codes: dict
+    ) -> tuple[list[tuple[int, dict]], list[int]]:
+        parts: list[tuple[int, dict]] = []  # (first env, batched infos of its block)
+        failed: list[tuple[_Slot, _Failure]] = []
+        for slot in slots:
+            try:
+                payload = self._recv(slot, deadline)
+            except _Failure as f:
+                failed.append((slot, f))
+                continue
+            if payload:
+                parts.append((slot.start, pickle.loads(payload)))
+        restarted: list[int] = []
+        for slot, f in failed:
+            restarted.extend(self._restart(slot, f, command, codes[slot.index]))
+        return parts, restarted
+
+    # --- restart ----------------------------------------------------------------------
+    def _restart(self, slot: _Slot, failure: _Failure, command: str, codes: list[int]) -> list[int]:
+        """Replace the worker until it starts and resets, or the budget is spent.
+
+        Returns the envs to report as restarted now; envs with code ``REPORT_NEXT`` are
+        queued in ``self.deferred`` for the next step.
+        """
+        while True:
+            old = slot.proc
+            assert old is not None
+            old.kill()
+            code = old.reap(CLOSE_TIMEOUT)
+            old.close_pipes()
+            slot.pending, slot.send_failed = 0, False
+            self.record_failure(
+                slot.index, slot.envs, failure.reason, failure.error, code, command, old.pid
+            )
+            try:
+                self._fresh_worker(slot, codes)
+                break
+            except _Failure as f:
+                failure, command = f, "restart"
+        self.deferred.extend(e for e, c in zip(slot.envs, codes) if c == REPORT_NEXT)
+        return [e for e, c in zip(slot.envs, codes) if c != REPORT_NEXT]
+
+    def _fresh_worker(self, slot: _Slot, codes: list[int]) -> None:
+        slot.proc = self.launcher.start(self.mem_fd, self._procs())
+        deadline = time.monotonic() + START_TIMEOUT
+        self._send(slot, P.INIT, self._init_payload(slot))
+        got = pickle.loads(self._recv(slot, deadline, starting=True))
+        for key in ("observation_space", "action_space"):
+            if got[key] != self.spaces[key]:
+                raise _Failure("exception", f"restarted env {slot.start} has {key} {got[key]}")
+        self._send(slot, P.ATTACH, pickle.dumps(self.layout))
+        self._recv(slot, deadline, starting=True)
+        seeds = self.fresh_seeds(len(slot.envs))
+        self._send(slot, P.RESET, pickle.dumps((seeds, None, None, codes)))
+        self._recv(slot, deadline, starting=True)
+
+    # --- calls ------------------------------------------------------------------------
+    def _command_all(self, tag: bytes, payloads: list[bytes], what: str) -> list[Any]:
+        for slot, payload in zip(self.slots, payloads):
+            self._send(slot, tag, payload)
+        results, errors = [], []
+        deadline = self._deadline(None)
+        for slot in self.slots:
+            try:
+                reply = self._recv(slot, deadline)
+                results.append(pickle.loads(reply) if reply else None)
+            except _Failure as f:
+                if f.reason == "exception":
+                    errors.append(f"env worker {slot.index}: {f.error}")
+                else:
+                    self._restart(slot, f, what, [REPORT_NEXT] * len(slot.envs))
+                    errors.append(f"env worker {slot.index} {f.reason} during {what}: {f.error}")
+                results.append(None)
+        if errors:
+            raise RuntimeError(f"{what} failed:\n" + "\n".join(errors))
+        return results
+
+    def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
+        """``env.<name>(*args, **kwargs)`` (or the attribute) for every env, in env order."""
+        payload = cloudpickle.dumps((name, args, kwargs))
+        per_worker = self._command_all(P.CALL, [payload] * len(self.slots), name)
+        return [x for chunk in per_worker for x in chunk]
+
+    def set_attr(self, name: str, values: list[Any]) -> None:
+        """Set ``name`` on every env to ``values[i]``."""
+        payloads = [
+            cloudpickle.dumps((name, values[s.envs[0] : s.envs[-1] + 1])) for s in self.slots
+        ]
+        self._command_all(P.SETATTR, payloads, f"set_attr({name!r})")
+
+    def worker_info(self) -> list[dict[str, Any]]:
+        """Per worker: pid, ppid, ``modules`` (its sys.modules), environ of interest."""
+        return self._command_all(P.INFO, [b""] * len(self.slots), "info")
+
+    def pids(self) -> list[int]:
+        return [s.proc.pid for s in self.slots if s.proc is not None]
+
+    # --- close ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop every worker (CLOSE, then SIGKILL after CLOSE_TIMEOUT), the fork server, and
+        release the shared segment. Safe to call twice, from a finalizer, or at exit."""
+        if self.closed:
+            return
+        self.closed = True
+        procs = self._procs()
+        try:
+            if os.getpid() == self.owner:  # a forked copy of this process must not stop them
+                try:
+                    self._stop(procs)
+                finally:
+                    self.launcher.close()
+        finally:
+            for p in procs:
+                p.close_pipes()
+            shared = getattr(self, "shared", None)
+            if shared is not None:
+                shared.close()
+            if self.mem_fd >= 0:
+                os.close(self.mem_fd)
+                self.mem_fd = -1
+
+    @staticmethod
+    def _stop(procs: list[WorkerProcess]) -> None:
+        """CLOSE to all, wait for each to end (EOF), SIGKILL what is left, reap all."""
+        for p in procs:
+            if p.cmd_fd >= 0:
+                try:
+                    P.send(p.cmd_fd, P.CLOSE)
+                except (P.PeerGone, OSError):
+                    pass
+        deadline = time.monotonic() + CLOSE_TIMEOUT
+        for p in procs:
+            if p.reply_fd >= 0:
+                _wait_eof(p.reply_fd, deadline)
+            p.kill()  # ended already in the normal case; the kill is then a no-op
+            p.reap(CLOSE_TIMEOUT)
+
+
+def _wait_eof(fd: int, deadline: float) -> None:
+    """Discard replies until the worker closes its end (it exited) or the deadline."""
+    while True:
+        try:
+            P.recv(fd, deadline)
+        except (P.PeerGone, P.ReplyTimeout, OSError):
+            return

@@ -1,0 +1,91 @@
+"""Messages between the pool and its workers: one tag byte, a length, a payload (torch-free).
+
+Each worker has two pipes: commands (pool -> worker) and replies (worker -> pool). The
+protocol is strictly request/reply, so at most one message is in flight per pipe and a reply
+of a step is usually a single 5-byte write. Payloads are pickles; data never travels here
+(it is in shared memory).
+
+Commands (closed set): INIT, ATTACH, RESET, STEP, CALL, SETATTR, INFO, CLOSE.
+Replies: OK (payload optional) or ERROR (payload: dict with type, message, traceback).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import struct
+import time
+
+INIT, ATTACH, RESET, STEP, CALL, SETATTR, INFO, CLOSE = (bytes([c]) for c in b"IARSCTNQ")
+OK, ERROR = b"k", b"e"
+COMMANDS = {INIT, ATTACH, RESET, STEP, CALL, SETATTR, INFO, CLOSE}
+
+HEADER = struct.Struct("<cI")
+STEP_MESSAGE = HEADER.pack(STEP, 0)
+OK_MESSAGE = HEADER.pack(OK, 0)
+_CHUNK = 1 << 16
+
+
+class PeerGone(ConnectionError):
+    """The other end closed its pipe (the process ended)."""
+
+
+class ReplyTimeout(TimeoutError):
+    """No complete message arrived before the deadline."""
+
+
+def send(fd: int, tag: bytes, payload: bytes = b"") -> None:
+    """Write one message; raises :class:`PeerGone` if the reader is gone."""
+    data = memoryview(HEADER.pack(tag, len(payload)) + payload)
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    except (BrokenPipeError, ConnectionResetError) as exc:
+        raise PeerGone(f"pipe {fd}: reader is gone") from exc
+
+
+def _wait_readable(fd: int, deadline: float | None) -> None:
+    if deadline is None:
+        return
+    poller = select.poll()  # poll, not select: descriptors may exceed FD_SETSIZE
+    poller.register(fd, select.POLLIN)
+    while True:
+        remaining = deadline - time.monotonic()
+        if poller.poll(max(0, int(remaining * 1000) + 1)):
+            return
+        if deadline - time.monotonic() <= 0:
+            raise ReplyTimeout(f"pipe {fd}: no message before the deadline")
+
+
+def _read(fd: int, n: int, deadline: float | None) -> bytes:
+    _wait_readable(fd, deadline)
+    try:
+        chunk = os.read(fd, n)
+    except ConnectionResetError as exc:
+        raise PeerGone(f"pipe {fd}: writer is gone") from exc
+    if not chunk:
+        raise PeerGone(f"pipe {fd}: writer is gone")
+    return chunk
+
+
+def recv(fd: int, deadline: float | None = None) -> tuple[bytes, bytes]:
+    """Read one message ``(tag, payload)``; ``deadline`` is a ``time.monotonic()`` value.
+
+    Raises:
+        PeerGone: end of file (the writer exited or closed its end).
+        ReplyTimeout: the deadline passed before a whole message came.
+    """
+    data = _read(fd, 4096, deadline)
+    while len(data) < HEADER.size:
+        data += _read(fd, 4096, deadline)
+    tag, length = HEADER.unpack_from(data)
+    total = HEADER.size + length
+    if len(data) < total:
+        parts = [data]
+        got = len(data)
+        while got < total:
+            chunk = _read(fd, min(_CHUNK, total - got), deadline)
+            parts.append(chunk)
+            got += len(chunk)
+        data = b"".join(parts)
+    return tag, data[HEADER.size : total]

@@ -1,0 +1,211 @@
+"""The worker process: a plain loop over a closed set of commands (torch-free).
+
+Imports here stay light (numpy, gymnasium, the standard library) so that a worker never has
+torch in ``sys.modules`` unless an environment imports it itself. The process is started
+either from a fresh interpreter (``spawn``: :func:`main`) or forked from the pool's fork
+server or the parent (``forkserver``/``fork``: :func:`serve`), with CUDA hidden and math
+libraries limited to one thread by the environment the launcher sets.
+
+Protocol (see :mod:`rlstash.envs.protocol`): the pool sends INIT (factories), the worker
+answers with its spaces; ATTACH (shared-memory layout); then RESET / STEP / CALL / SETATTR /
+INFO / CLOSE, each answered by exactly one OK or ERROR reply. Errors carry the traceback.
+The worker ignores SIGINT (its parent stops it) and exits when its parent is gone: end of
+file on the command pipe, or a watchdog thread that sees its parent process change.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from rlstash.envs import protocol as P
+from rlstash.envs.infos import batch_infos
+from rlstash.envs.runner import EnvRunner, check_spaces
+from rlstash.envs.shm import Layout, SharedArrays
+
+WATCHDOG_PERIOD = 0.25  # seconds between checks that the parent process still exists
+
+
+def dumps(obj: Any) -> bytes:
+    """Pickle, falling back to cloudpickle for lambdas and locally defined objects."""
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        import cloudpickle
+
+        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def error_payload(exc: BaseException) -> bytes:
+    """The ERROR reply: exception type, message and formatted traceback (all strings)."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return pickle.dumps({"type": type(exc).__name__, "message": str(exc), "traceback": text})
+
+
+class _Worker:
+    """State of one worker between commands."""
+
+    def __init__(self, mem_fd: int) -> None:
+        self.mem_fd = mem_fd
+        self.envs: list = []
+        self.runner: EnvRunner | None = None
+        self.shared: SharedArrays | None = None
+        self.start = 0
+        self.mode = "next_step"
+        self.spaces: tuple = ()
+
+    def init(self, payload: bytes) -> bytes:
+        sys_path, self.start, self.mode, blob = pickle.loads(payload)
+        sys.path[:] = list(sys_path) + [p for p in sys.path if p not in sys_path]
+        factories = pickle.loads(blob)  # cloudpickle output loads with plain pickle
+        for factory in factories:
+            env = factory()
+            self.envs.append(env)
+            if not (hasattr(env, "observation_space") and hasattr(env, "action_space")):
+                raise TypeError(
+                    f"env factory for env {self.start + len(self.envs) - 1} returned "
+                    f"{type(env).__name__}, expected a gymnasium.Env"
+                )
+        self.spaces = check_spaces(self.envs, self.start)
+        first = self.envs[0]
+        info = {
+            "observation_space": self.spaces[0],
+            "action_space": self.spaces[1],
+            "metadata": dict(getattr(first, "metadata", {}) or {}),
+            "render_mode": getattr(first, "render_mode", None),
+        }
+        try:
+            info["spec"] = pickle.loads(dumps(getattr(first, "spec", None)))
+        except Exception:  # noqa: BLE001 - a spec is optional
+            info["spec"] = None
+        return dumps(info)
+
+    def attach(self, payload: bytes) -> bytes:
+        layout: Layout = pickle.loads(payload)
+        self.shared = SharedArrays(layout, self.mem_fd)
+        self.runner = EnvRunner(self.envs, self.start, self.shared, *self.spaces, self.mode)
+        return b""
+
+    def reset(self, payload: bytes) -> bytes:
+        seeds, options, mask, codes = pickle.loads(payload)
+        assert self.runner is not None, "RESET before ATTACH"
+        infos = self.runner.reset(seeds, options, mask)
+        if codes:
+            self.runner.mark_restarted(codes)
+        return dumps(batch_infos(infos, len(self.envs))) if infos else b""
+
+    def call(self, payload: bytes) -> bytes:
+        name, args, kwargs = pickle.loads(payload)
+        assert self.runner is not None, "CALL before ATTACH"
+        return dumps(self.runner.call(name, args, kwargs))
+
+    def set_attr(self, payload: bytes) -> bytes:
+        name, values = pickle.loads(payload)
+        assert self.runner is not None, "SETATTR before ATTACH"
+        self.runner.set_attr(name, values)
+        return b""
+
+    def info(self, payload: bytes) -> bytes:
+        keys = (
+            "CUDA_VISIBLE_DEVICES",
+            "OMP_NUM_THREADS",
+            "OPENBLAS_NUM_THREADS",
+            "MKL_NUM_THREADS",
+        )
+        return dumps(
+            {
+                "pid": os.getpid(),
+                "ppid": os.getppid(),
+                "modules": sorted(sys.modules),
+                "environ": {k: os.environ.get(k) for k in keys},
+                "num_envs": len(self.envs),
+                "start": self.start,
+            }
+        )
+
+    def close(self) -> None:
+        runner, self.runner = self.runner, None
+        try:
+            if runner is not None:
+                runner.close()
+            else:
+                for env in self.envs:
+                    env.close()
+        finally:
+            self.envs = []
+            if self.shared is not None:
+                self.shared.close()
+
+
+def _watch_parent(ppid: int) -> None:
+    """Exit the process as soon as the parent is gone (even if an env hangs the loop)."""
+
+    def watch() -> None:
+        while True:
+            time.sleep(WATCHDOG_PERIOD)
+            if os.getppid() != ppid:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="rlstash-parent-watch", daemon=True).start()
+
+
+def serve(cmd_fd: int, reply_fd: int, mem_fd: int) -> int:
+    """Run the command loop until CLOSE or end of file; returns the exit code."""
+    for fd in (cmd_fd, reply_fd, mem_fd):
+        os.set_inheritable(fd, False)  # env subprocesses must not hold our pipes open
+    _watch_parent(os.getppid())
+    worker = _Worker(mem_fd)
+    handlers = {
+        P.INIT: worker.init,
+        P.ATTACH: worker.attach,
+        P.RESET: worker.reset,
+        P.CALL: worker.call,
+        P.SETATTR: worker.set_attr,
+        P.INFO: worker.info,
+    }
+    ok_message, step_tag = P.OK_MESSAGE, P.STEP
+    while True:
+        try:
+            tag, payload = P.recv(cmd_fd)
+        except P.PeerGone:
+            tag, payload = P.CLOSE, b"parent gone"
+        try:
+            if tag == step_tag:  # the hot path: one read, one 5-byte write
+                infos = worker.runner.step()  # type: ignore[union-attr]
+                if infos:  # batched here, in parallel, not by the pool
+                    P.send(reply_fd, P.OK, dumps(batch_infos(infos, len(worker.envs))))
+                else:
+                    os.write(reply_fd, ok_message)
+                continue
+            if tag == P.CLOSE:
+                worker.close()
+                if not payload:
+                    P.send(reply_fd, P.OK)
+                return 0
+            result = handlers[tag](payload)
+            P.send(reply_fd, P.OK, result)
+        except P.PeerGone:
+            return 0
+        except BaseException as exc:  # noqa: BLE001 - every error goes back to the pool
+            try:
+                P.send(reply_fd, P.ERROR, error_payload(exc))
+            except P.PeerGone:
+                return 0
+            if tag == P.CLOSE:
+                return 1
+
+
+def main(cmd_fd: int, reply_fd: int, mem_fd: int) -> None:
+    """Entry point of a spawned worker (``python -c ...``): ignore SIGINT, serve, exit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    code = serve(cmd_fd, reply_fd, mem_fd)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,128 @@
+"""Nothing leaks (invariant I6): Ctrl-C, exit without close, garbage collection and a killed
+parent all end every worker; nothing appears in /dev/shm; no resource_tracker warnings."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from rlstash.envs import EnvPool
+from rlstash.envs.testing import CountEnv
+from tests.envs.helpers import (
+    finish,
+    kill_tree,
+    marked_processes,
+    shm_files,
+    start_script,
+    wait_for_line,
+    wait_gone,
+)
+
+pytestmark = pytest.mark.multiproc
+
+COLLECT = """
+import os, sys, numpy as np
+from rlstash.envs import EnvPool
+method = sys.argv[1] if len(sys.argv) > 1 else "{method}"
+pool = EnvPool("{env}", 8, num_workers=4, start_method=method, seed=0, env_kwargs={kwargs})
+pool.reset()
+actions = np.zeros(8, dtype=np.int64)
+for i in range(20):
+    pool.step(actions)
+print("PIDS", " ".join(map(str, pool.worker_pids)), flush=True)
+print("STEPPING", flush=True)
+sys.stdin.readline()  # the test took its snapshot
+{tail}
+"""
+FOREVER = "while True:\n    pool.step(actions)"
+BAD_WORDS = ("leaked", "resource_tracker", "ResourceWarning", "rlstash/envs/worker.py")
+
+
+def _run(method: str, tail: str, env: str = "CartPole-v1", kwargs: str = "None"):
+    before = shm_files()
+    proc = start_script(COLLECT.format(method=method, tail=tail, env=env, kwargs=kwargs))
+    try:
+        pids = [int(p) for p in wait_for_line(proc, "PIDS").split()[1:]]
+        wait_for_line(proc, "STEPPING")
+        workers = [p.pid for p in marked_processes(proc.pid)]
+        assert set(pids) <= set(workers) and len(workers) >= 4
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    except BaseException:
+        kill_tree(proc)
+        raise
+    return proc, workers, before
+
+
+def _check_clean(proc, workers, before, stderr):
+    assert wait_gone(workers) == [], f"workers left: {workers}"
+    assert marked_processes(proc.pid) == []
+    assert shm_files() <= before
+    for word in BAD_WORDS:
+        assert word not in stderr, stderr
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_ctrl_c_to_the_process_group(method):
+    proc, workers, before = _run(method, FOREVER)
+    time.sleep(0.2)  # let it step
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        stderr = finish(proc)
+    finally:
+        kill_tree(proc)
+    assert "KeyboardInterrupt" in stderr
+    _check_clean(proc, workers, before, stderr)
+
+
+def test_normal_exit_without_close():
+    proc, workers, before = _run("forkserver", "print('DONE', flush=True)")
+    try:
+        stderr = finish(proc)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 0, stderr
+    _check_clean(proc, workers, before, stderr)
+    assert stderr.strip() == ""
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_parent_killed_workers_exit(method):
+    hang = "import time\ntime.sleep(3600)"
+    proc, workers, before = _run(method, hang)
+    os.kill(proc.pid, signal.SIGKILL)
+    try:
+        finish(proc)
+        assert wait_gone(workers, timeout=5) == []
+        assert shm_files() <= before  # anonymous segments vanish with their last user
+    finally:
+        kill_tree(proc)
+
+
+def test_parent_killed_while_a_worker_hangs_in_an_env():
+    tail = "pool.step_async(actions)\nimport time\ntime.sleep(3600)"
+    env = "rlstash.envs.testing:rlstash/Hang-v0"
+    proc, workers, before = _run("spawn", tail, env=env, kwargs="dict(hang_at=21)")
+    time.sleep(0.2)  # the workers are now asleep in HangEnv.step
+    os.kill(proc.pid, signal.SIGKILL)
+    try:
+        finish(proc)
+        assert wait_gone(workers, timeout=5) == []  # the watchdog thread ends them
+    finally:
+        kill_tree(proc)
+
+
+def test_garbage_collection_stops_workers():
+    pool = EnvPool(CountEnv, 4, num_workers=2)
+    pool.reset()
+    pool.step(np.zeros(4, dtype=np.int64))
+    pids = pool.worker_pids
+    del pool
+    gc.collect()
+    assert wait_gone(pids, timeout=5) == []
+    assert marked_processes(os.getpid()) == []
