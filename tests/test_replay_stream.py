@@ -120,3 +120,39 @@ def test_nstep_and_sequence_through_buffer_and_save_load(tmp_path):
     w = seq.sample(8)
     assert w["obs"].shape == (8, 4, 4)
     assert not w["done"][:, :-1].any()  # windows never cross an episode end
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_worker_restart_never_stitches_or_bootstraps_from_a_reset_obs(tmp_path, mode):
+    """I7: a worker killed mid-episode (SIGSEGV) is restarted; the step it never finished is
+    dropped, the step before it ends the episode as truncated, and no stored transition
+    leads from the old episode into the fresh reset observation."""
+    from rlstash.envs import EnvPool
+    from rlstash.envs.testing import CrashEnv
+
+    once = str(tmp_path / "crashed")
+    fns = [lambda: CrashEnv(crash_at=5, mode="segfault", once_file=once) for _ in range(2)]
+    with pytest.warns(Warning):
+        with EnvPool(fns, num_workers=2, seed=0, autoreset_mode=mode) as pool:
+            c = Collector(pool, lambda o: torch.zeros(o.shape[0], dtype=torch.int64), frames_per_batch=2 * 12)
+            batch = c.collect()
+            restarts = len(pool.restarts)
+    assert restarts == 1 and batch["restarted"].sum() == 1
+    spec = Spec({"obs": Field((2,), torch.float64), "action": Field((), torch.int64)})
+    st = StreamStorage(spec, 2, 2 * 40, autoreset=mode)
+    rb = ReplayBuffer(st, seed=0)
+    rb.extend(batch)
+    idx = np.flatnonzero(st.valid)
+    got = st.read(idx)
+    obs, nxt = got["obs"].numpy(), got["next_obs"].numpy()
+    same_episode = (obs[:, 0] == nxt[:, 0]) & (nxt[:, 1] == obs[:, 1] + 1)
+    assert same_episode.all(), "a transition crosses the restart"
+    env = int(np.argwhere(batch["restarted"].numpy())[0][1])
+    lane = (idx // 40) == env
+    crashed_seed = batch["obs"][0, env, 0].item()
+    old = lane & (obs[:, 0] == crashed_seed)
+    # the old episode: t=0..3 -> t+1 kept, the last one (t=3 -> 4) truncated; nothing from t=4
+    assert sorted(obs[old, 1].tolist()) == [0.0, 1.0, 2.0, 3.0]
+    assert got["truncated"][torch.from_numpy(old & (obs[:, 1] == 3))].all()
+    assert (lane & (obs[:, 0] != crashed_seed)).any()  # the restarted env's new episode is stored

@@ -12,6 +12,10 @@ CUDA device observations go there through pinned staging and actions come back w
 synchronized copy (invariant I4); with ``device="cpu"`` no CUDA API is touched (I1). The
 caller's current CUDA stream is used unless ``cuda_stream="dedicated"``.
 
+A batch also has ``restarted`` [T, N] (bool) when an EnvPool worker was restarted during
+it: those steps never happened; the stream storage ends the episodes there as truncated at
+the last real observation, never stitched and never bootstrapped from a reset observation.
+
 Row ``t`` of a batch holds the observation the action was taken from. With gymnasium's
 next-step autoreset the step after an episode end is a reset step (its action is ignored,
 its reward is 0); the stream storage recognises it from the previous row's done flag. In
@@ -117,7 +121,8 @@ class Collector:
             k: [] for k in ("obs", "action", "reward", "terminated", "truncated")
         }
         finals: list[np.ndarray] = []
-        for _ in range(T):
+        restarted = np.zeros((T, N), bool)
+        for t in range(T):
             obs = np.array(self._obs, copy=True)
             actions = self.act(obs)
             next_obs, reward, term, trunc, info = self.env.step(actions)
@@ -128,12 +133,16 @@ class Collector:
             rows["truncated"].append(np.asarray(trunc, bool))
             if self.same_step:
                 finals.append(_final_obs(next_obs, info, term | trunc))
+            if "worker_restarted" in info:  # EnvPool: these envs' steps never happened
+                restarted[t] = np.asarray(info["worker_restarted"], bool)
             self._track(reward, term, trunc)
             self._obs = next_obs
         self.frames += T * N
         batch = {k: torch.from_numpy(np.stack(v)) for k, v in rows.items()}
         if self.same_step:
             batch["final_obs"] = torch.from_numpy(np.stack(finals))
+        if restarted.any():  # only then: the stream storage ends those episodes cleanly (I7)
+            batch["restarted"] = torch.from_numpy(restarted)
         return batch
 
     def _track(self, reward: np.ndarray, term: np.ndarray, trunc: np.ndarray) -> None:

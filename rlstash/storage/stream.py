@@ -139,6 +139,13 @@ def slot_spec(spec: Spec | Mapping, frame_stack: int = 1, stacked_input: bool = 
     return Spec(fields)
 
 
+RESTARTED = "restarted"  # optional extend field: the env's worker restarted during this step
+
+
+def _as_bool(value: Any) -> torch.Tensor:
+    return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value))
+
+
 class Lanes:
     """Ring bookkeeping of ``num_envs`` lanes of ``L`` slots, all in small numpy arrays.
 
@@ -286,16 +293,26 @@ class Lanes:
 
     def end_episodes(self, sel: np.ndarray) -> None:
         """Cut the current episode of lanes ``sel`` (see :meth:`StreamStorage.end_episodes`)."""
+        self._drop_last(sel, back=1)
+        self.next_ep[sel], self.pending[sel] = 0, False
+        self.refresh(sel)
+
+    def drop_restarted(self, sel: np.ndarray, back: int) -> None:
+        """The step stored ``back`` slots ago in lanes ``sel`` never happened (its worker was
+        restarted): its obs becomes the episode's final obs and the step before it turns
+        truncated. Slots written after it (a same-step final obs) are no starts anyway."""
+        self._drop_last(sel, back)
+        self.refresh(sel)
+
+    def _drop_last(self, sel: np.ndarray, back: int) -> None:
         floor, L = self.alive_floor(), self.L
         for e in sel:
-            c, f, base = int(self.count[e]), int(floor[e]), int(self.base[e])
+            c, f, base = int(self.count[e]) - back + 1, int(floor[e]), int(self.base[e])
             last, prev = base + (c - 1) % L, base + (c - 2) % L
             if c - 1 >= f and self.flags[last] & _START:
                 self.flags[last] = _WRITTEN  # its step's result was never stored
                 if c - 2 >= f and self.flags[prev] & _START:
                     self.flags[prev] |= _TRUNC  # the episode ends at the last stored obs
-        self.next_ep[sel], self.pending[sel] = 0, False
-        self.refresh(sel)
 
     def drop_unvouched(self) -> None:
         """After reopening a save: each lane may have written slots ``[count, reserved)`` since
@@ -607,6 +624,7 @@ class StreamStorage:
                 f"batch: expected a dict of field -> tensor, got {type(batch).__name__}"
             )
         finals = {"final_" + k: k for k in self.obs_keys}
+        finals_and_restarts = {**finals, RESTARTED: RESTARTED}
         given = [k for k in batch if k in finals]
         if self.autoreset == "next_step" and given:
             raise ValueError(
@@ -625,8 +643,16 @@ class StreamStorage:
                 f"[T, N={self.num_envs}], got {list(head)}"
             )
         data = self.spec.validate(
-            {k: _flat(k, v, head) for k, v in batch.items() if k not in finals}
+            {k: _flat(k, v, head) for k, v in batch.items() if k not in finals_and_restarts}
         )
+        if RESTARTED in batch:
+            r = _flat(RESTARTED, _as_bool(batch[RESTARTED]), head)
+            if r.dtype != torch.bool or tuple(r.shape) != (len(data[key]),):
+                raise ValueError(
+                    f"field {RESTARTED!r}: expected bool with leading dims {list(head)}, "
+                    f"got {r.dtype} {list(r.shape)}"
+                )
+            data[RESTARTED] = r
         if given:
             fspec = Spec({f: self.spec[k] for f, k in finals.items()})
             final = fspec.validate({f: _flat(f, batch[f], head) for f in finals})
@@ -647,6 +673,18 @@ class StreamStorage:
         return out
 
     def _write_step(self, step: Batch, final: Batch | None) -> np.ndarray:
+        restarted = step.pop(RESTARTED, None)
+        rows = self._write_plain_step(step, final)
+        if restarted is not None and bool(restarted.any()):
+            sel = np.flatnonzero(_host(restarted))
+            done = _host(step["terminated"] | step["truncated"])[sel]
+            # same-step mode wrote a final-obs slot after the ended step: look one further back
+            back = 2 if final is not None else 1
+            self.lanes.drop_restarted(sel[done], back)
+            self.lanes.drop_restarted(sel[~done], 1)
+        return rows
+
+    def _write_plain_step(self, step: Batch, final: Batch | None) -> np.ndarray:
         lanes = self.lanes
         plan = lanes.plan(_host(step["terminated"]), _host(step["truncated"]), final is not None)
         data = {**step, **self._frames(step)}

@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""Learning benchmark: rlstash against Stable-Baselines3 (RL Zoo hyperparameters), same machine.
+
+    python3 bench/learn.py                           # everything; writes bench/results/learn.md
+    python3 bench/learn.py --parts dqn --seeds 0     # one part, one seed (results merged)
+    python3 bench/learn.py --parts contextual        # discrete SAC, 100,000 actions
+
+Runs in ``.venv-bench`` (re-executes itself there; creates it with bench/setup_env.py when
+missing). Parts:
+
+- ``dqn``: DQN on CartPole-v1, budget 50,000 env steps, threshold 475;
+- ``sac``: SAC on Pendulum-v1, budget 20,000 env steps, threshold -200;
+- ``contextual``: discrete SAC on bench/contextual.py's 100,000-action task, chunked vs one-hot.
+
+Method (dqn, sac): every run is a fresh subprocess with one torch thread and CUDA hidden;
+runs are interleaved (rlstash seed 0, SB3 seed 0, rlstash seed 1, ...). Both sides evaluate
+every 1,000 env steps with 10 deterministic episodes on separate eval envs, and both exclude
+evaluation time from the training clock (SB3 through a callback that stops the clock while it
+evaluates; rlstash's loop does so itself). Both run the whole budget (no early stop), so the
+"stays" point means: every later evaluation up to the end of the budget is >= threshold.
+rlstash runs its preset (``rlstash train`` defaults); SB3 runs the RL Zoo's settings.
+
+Reported per run: env steps and training seconds at (a) the first evaluation >= threshold,
+(b) the first evaluation from which every later one stays >= threshold, and (c) where
+``rlstash train`` would stop (5 evaluations in a row >= threshold, its default patience).
+Medians over seeds (a run that never gets there counts as +inf); ratios rlstash / SB3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+VENV_PY = ROOT / ".venv-bench" / "bin" / "python"
+RESULTS = HERE / "results"
+WORK = HERE / ".work"  # raw results of every run (learn.json), merged across invocations
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
+
+TASKS = {
+    "dqn": {"env": "CartPole-v1", "threshold": 475.0, "budget": 50_000},
+    "sac": {"env": "Pendulum-v1", "threshold": -200.0, "budget": 20_000},
+}
+# rl-baselines3-zoo hyperparams/dqn.yml and sac.yml (SB3 defaults for everything else).
+ZOO = {
+    "dqn": {
+        "learning_rate": 2.3e-3,
+        "batch_size": 64,
+        "buffer_size": 100_000,
+        "learning_starts": 1000,
+        "gamma": 0.99,
+        "target_update_interval": 10,
+        "train_freq": 256,
+        "gradient_steps": 128,
+        "exploration_fraction": 0.16,
+        "exploration_final_eps": 0.04,
+        "policy_kwargs": {"net_arch": [256, 256]},
+    },
+    "sac": {"learning_rate": 1e-3},
+}
+EVAL_EVERY = 1000
+EVAL_EPISODES = 10
+PATIENCE = 5  # rlstash train's default: evaluations in a row at or above the threshold
+LIBS = ("rlstash", "sb3")
+
+
+def _ensure_bench_venv() -> None:
+    """Re-execute under .venv-bench (set it up first when missing)."""
+    if Path(sys.prefix).resolve() == VENV_PY.parent.parent.resolve():
+        return
+    if not VENV_PY.exists():
+        subprocess.check_call([sys.executable, str(HERE / "setup_env.py")])
+    os.execv(str(VENV_PY), [str(VENV_PY), str(Path(__file__).resolve()), *sys.argv[1:]])
+
+
+# ----------------------------------------------------------------------------- workers
+
+
+def run_rlstash(algo: str, seed: int, budget: int) -> dict:
+    """One rlstash run of its preset; the curve comes from the run's eval.csv."""
+    from rlstash.train import TrainConfig, train
+
+    task = TASKS[algo]
+    with tempfile.TemporaryDirectory(prefix="rlstash-learn-") as tmp:
+        cfg = TrainConfig(
+            algo=algo, env=task["env"], steps=budget, seed=seed, run_dir=tmp, name="run",
+            eval_every=EVAL_EVERY, eval_episodes=EVAL_EPISODES, threshold=task["threshold"],
+            patience=10**9, quiet=True, device="cpu", checkpoint_every=10 * budget,
+        )  # fmt: skip
+        start = time.perf_counter()
+        result = train(cfg)
+        wall = time.perf_counter() - start
+        with open(Path(tmp) / "run" / "eval.csv") as fh:
+            curve = [
+                [int(r["step"]), float(r["train_seconds"]), float(r["return_mean"])]
+                for r in csv.DictReader(fh)
+            ]
+    from rlstash.agents.dqn import DQNConfig
+    from rlstash.agents.sac import SACConfig
+
+    cls = DQNConfig if algo == "dqn" else SACConfig
+    preset = {k: list(v) if isinstance(v, tuple) else v for k, v in cls.PRESETS[task["env"]].items()}
+    return {"curve": curve, "steps": result.steps, "train_seconds": result.train_seconds,
+            "wall_seconds": wall, "settings": preset}  # fmt: skip
+
+
+def run_sb3(algo: str, seed: int, budget: int) -> dict:
+    """One SB3 run with the RL Zoo settings; evaluation time is excluded from the clock."""
+    import gymnasium as gym
+    import numpy as np
+    from stable_baselines3 import DQN, SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    env_id = TASKS[algo]["env"]
+    eval_env = DummyVecEnv([lambda: gym.make(env_id) for _ in range(EVAL_EPISODES)])
+
+    class EvalClock(BaseCallback):
+        """Every EVAL_EVERY steps: stop the clock, evaluate, restart it."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.curve: list[list[float]] = []
+            self.excluded = 0.0
+            self.start = 0.0
+
+        def _on_training_start(self) -> None:
+            self.start = time.perf_counter()
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps % EVAL_EVERY == 0:
+                t0 = time.perf_counter()
+                train_s = t0 - self.start - self.excluded
+                eval_env.seed(seed + 10_000 + len(self.curve))
+                returns, _ = evaluate_policy(
+                    self.model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True,
+                    return_episode_rewards=True,
+                )  # fmt: skip
+                self.curve.append([self.num_timesteps, train_s, float(np.mean(returns))])
+                self.excluded += time.perf_counter() - t0
+            return True
+
+    cls = DQN if algo == "dqn" else SAC
+    model = cls("MlpPolicy", gym.make(env_id), seed=seed, device="cpu", verbose=0, **ZOO[algo])
+    clock = EvalClock()
+    start = time.perf_counter()
+    model.learn(total_timesteps=budget, callback=clock)
+    wall = time.perf_counter() - start
+    train_s = wall - clock.excluded
+    return {"curve": clock.curve, "steps": budget, "train_seconds": train_s,
+            "wall_seconds": wall, "settings": ZOO[algo]}  # fmt: skip
+
+
+def worker(task: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    if task["part"] == "contextual":
+        import contextual
+
+        return contextual.run(**task["args"])
+    fn = run_rlstash if task["lib"] == "rlstash" else run_sb3
+    return fn(task["algo"], task["seed"], task["budget"])
+
+
+def spawn(task: dict, timeout: float) -> dict:
+    """Run ``task`` in a fresh process (one torch thread, no CUDA); its JSON result or error."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(task)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"]
+        return {"error": lines[-1]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------- analysis
+
+
+def points(curve: list[list[float]], threshold: float, patience: int = PATIENCE) -> dict:
+    """(step, seconds) at the first eval >= threshold, from where all later stay >= it, and
+    at the end of the first run of ``patience`` evals in a row >= it (None when never)."""
+    ok = [r[2] >= threshold for r in curve]
+    first = next((i for i, v in enumerate(ok) if v), None)
+    stays = None
+    for i in range(len(ok) - 1, -1, -1):
+        if not ok[i]:
+            break
+        stays = i
+    solved, run = None, 0
+    for i, v in enumerate(ok):
+        run = run + 1 if v else 0
+        if run >= patience:
+            solved = i
+            break
+
+    def at(i: int | None) -> list[float] | None:
+        return None if i is None else [curve[i][0], curve[i][1]]
+
+    return {"first": at(first), "stays": at(stays), "solved": at(solved)}
+
+
+def median_or_inf(values: list[float | None]) -> float:
+    """Median where a missing value (never reached) counts as +inf."""
+    return statistics.median([math.inf if v is None else v for v in values]) if values else math.nan
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def load_results() -> dict:
+    path = WORK / "learn.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save_results(results: dict) -> None:
+    WORK.mkdir(parents=True, exist_ok=True)
+    tmp = WORK / "learn.json.tmp"
+    tmp.write_text(json.dumps(results, indent=1))
+    tmp.replace(WORK / "learn.json")
+
+
+def run_learning(algo: str, seeds: list[int], budget: int, results: dict) -> None:
+    """Interleave rlstash and SB3 runs seed by seed; results[algo][lib][seed] = run."""
+    part = results.setdefault(algo, {})
+    part["budget"], part["threshold"] = budget, TASKS[algo]["threshold"]
+    for seed in seeds:
+        for lib in LIBS:
+            task = {"part": "learn", "lib": lib, "algo": algo, "seed": seed, "budget": budget}
+            start = time.time()
+            out = spawn(task, timeout=3600)
+            out["points"] = points(out.get("curve", []), TASKS[algo]["threshold"])
+            part.setdefault(lib, {})[str(seed)] = out
+            pts = out["points"]
+            print(f"{algo} {lib} seed {seed}: {out.get('error', '')} first {pts['first']} "
+                  f"stays {pts['stays']} solved {pts['solved']} ({time.time() - start:.0f} s)",
+                  flush=True)  # fmt: skip
+            save_results(results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", default="dqn,sac,contextual")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--budget", type=int, default=None, help="env steps (default per part)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+    _ensure_bench_venv()
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = sorted(set(parts) - {*TASKS, "contextual"})
+    if unknown:
+        raise SystemExit(f"--parts: unknown {unknown}; expected dqn, sac, contextual")
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    results = load_results()
+    results["machine"] = machine()
+    for part in parts:
+        if part == "contextual":
+            import contextual
+
+            results["contextual"] = contextual.benchmark(lambda t: spawn(t, timeout=7200))
+        else:
+            run_learning(part, seeds, args.budget or TASKS[part]["budget"], results)
+        save_results(results)
+    out = write_report(results)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
