@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,8 +180,14 @@ def train(cfg: TrainConfig | None = None, resume: str | Path | None = None) -> T
             raise ValueError(
                 f"run_dir: {run_dir} already holds a run; continue it with --resume {run_dir} or pick another --name"
             )
-        run_dir.mkdir(parents=True, exist_ok=True)
-    run = _Run(cfg, run_dir, state)
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run = _Run(cfg, run_dir, state)
+    except BaseException:
+        if created:  # a refused run leaves nothing behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     log = RunLog(run_dir, cfg.steps, quiet=cfg.quiet, start_step=run.step)
     try:
         return _loop(run, log)
