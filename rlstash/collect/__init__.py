@@ -1,5 +1,11 @@
-"""Collectors: turn a vectorized env and a policy into batches in the stream layout."""
+"""Collectors: turn a vectorized env and a policy into batches in the stream layout.
 
+- :class:`Collector`: the policy runs in this process, one forward pass for all envs.
+- :class:`AsyncCollector`: each worker process holds its own CPU copy of the policy and runs
+  ahead through shared-memory slots; weights reach the workers through shared memory.
+"""
+
+from rlstash.collect.async_ import AsyncBatch, AsyncCollector
 from rlstash.collect.sync import Collector, EpisodeStats
 
-__all__ = ["Collector", "EpisodeStats"]
+__all__ = ["AsyncBatch", "AsyncCollector", "Collector", "EpisodeStats"]
