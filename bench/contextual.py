@@ -117,8 +117,8 @@ def run(
 ) -> dict[str, Any]:
     """Train discrete SAC for ``steps`` env steps (16 per iteration, one update each)."""
     import torch
-
     from agent_memory import onehot_update
+
     from rlstash.agents import DiscreteSAC, DiscreteSACConfig
     from rlstash.replay import ReplayBuffer
     from rlstash.spec import Field, Spec
@@ -132,7 +132,9 @@ def run(
         net_arch=(64,), action_head="embedding", learn_action_embeddings=False,
         batch_size=batch_size, learning_rate=learning_rate, seed=seed,
     )  # fmt: skip
-    agent = DiscreteSAC((N_CONTEXTS,), n_actions, cfg, action_features=torch.from_numpy(env.features))
+    agent = DiscreteSAC(
+        (N_CONTEXTS,), n_actions, cfg, action_features=torch.from_numpy(env.features)
+    )
     obs_f = Field((N_CONTEXTS,), torch.float32)
     spec = Spec({"obs": obs_f, "next_obs": obs_f, "action": Field((), torch.int64),
                  "reward": Field((), torch.float32), "terminated": Field((), torch.bool)})  # fmt: skip

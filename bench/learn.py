@@ -48,6 +48,8 @@ WORK = HERE / ".work"  # raw results of every run (learn.json), merged across in
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
+from common import header_lines, markdown_table  # noqa: E402
+
 TASKS = {
     "dqn": {"env": "CartPole-v1", "threshold": 475.0, "budget": 50_000},
     "sac": {"env": "Pendulum-v1", "threshold": -200.0, "budget": 20_000},
@@ -110,7 +112,9 @@ def run_rlstash(algo: str, seed: int, budget: int) -> dict:
     from rlstash.agents.sac import SACConfig
 
     cls = DQNConfig if algo == "dqn" else SACConfig
-    preset = {k: list(v) if isinstance(v, tuple) else v for k, v in cls.PRESETS[task["env"]].items()}
+    preset = {
+        k: list(v) if isinstance(v, tuple) else v for k, v in cls.PRESETS[task["env"]].items()
+    }
     return {"curve": curve, "steps": result.steps, "train_seconds": result.train_seconds,
             "wall_seconds": wall, "settings": preset}  # fmt: skip
 
@@ -218,6 +222,124 @@ def points(curve: list[list[float]], threshold: float, patience: int = PATIENCE)
 def median_or_inf(values: list[float | None]) -> float:
     """Median where a missing value (never reached) counts as +inf."""
     return statistics.median([math.inf if v is None else v for v in values]) if values else math.nan
+
+
+# ----------------------------------------------------------------------------- report
+
+NOTES_MARKER = "<!-- notes: kept when the tables above are regenerated -->"
+POINTS = {"first": "first eval >= threshold", "stays": "stays >= threshold to the end",
+          "solved": f"{PATIENCE} evals in a row (where `rlstash train` stops)"}  # fmt: skip
+GOAL_TIME = 0.7  # rlstash may take at most this fraction of SB3's training seconds
+
+
+def machine() -> dict:
+    from common import machine_info
+
+    info = machine_info()
+    info.pop("torch_threads", None)  # the parent's; every worker runs one torch thread
+    return info
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "never" if value is None or math.isinf(value) else format(value, fmt)
+
+
+def _ratio(a: float, b: float) -> str:
+    if math.isinf(a) or math.isinf(b) or not b:
+        return "—"
+    return f"{a / b:.2f}x"
+
+
+def learning_section(algo: str, part: dict) -> list[str]:
+    task = TASKS[algo]
+    lines = [f"## {algo.upper()} {task['env']}: threshold {task['threshold']:g}, "
+             f"budget {part['budget']:,} env steps", ""]  # fmt: skip
+    runs = {lib: part.get(lib, {}) for lib in LIBS}
+    rows, goals = [], []
+    for key, label in POINTS.items():
+        med = {}
+        for lib in LIBS:
+            pts = [r["points"][key] for r in runs[lib].values() if "error" not in r]
+            med[lib] = (median_or_inf([p and p[0] for p in pts]),
+                        median_or_inf([p and p[1] for p in pts]))  # fmt: skip
+        (rs, rt), (ss, st) = med["rlstash"], med["sb3"]
+        rows.append([label, _cell(rs, ",.0f"), _cell(ss, ",.0f"), _ratio(rs, ss),
+                     _cell(rt, ".1f"), _cell(st, ".1f"), _ratio(rt, st)])  # fmt: skip
+        if key != "solved":
+            ok = not math.isinf(rs) and rs <= ss and rt <= GOAL_TIME * st
+            goals.append(f"- {label}: steps {_cell(rs, ',.0f')} vs {_cell(ss, ',.0f')}, seconds "
+                         f"{_cell(rt, '.1f')} vs {GOAL_TIME} x {_cell(st, '.1f')}: "
+                         f"**{'met' if ok else 'missed'}**")  # fmt: skip
+    lines.append("Medians over seeds (never = +inf):")
+    lines += ["", markdown_table(["point", "rlstash steps", "SB3 steps", "ratio", "rlstash s",
+                                  "SB3 s", "ratio"], rows), ""]  # fmt: skip
+    lines += ["Goal (rlstash <= SB3 env steps and <= 0.7x its training seconds):", "", *goals, ""]
+    per_run = []
+    for seed in sorted({s for lib in LIBS for s in runs[lib]}, key=int):
+        for lib in LIBS:
+            r = runs[lib].get(seed)
+            if r is None:
+                continue
+            if "error" in r:
+                per_run.append([seed, lib, r["error"], "", "", "", "", ""])
+                continue
+            p = r["points"]
+            cells = [f"{_cell(p[k] and p[k][0], ',.0f')} / {_cell(p[k] and p[k][1], '.1f')}"
+                     for k in POINTS]  # fmt: skip
+            rets = " ".join(f"{c[2]:.0f}" for c in r["curve"])
+            per_run.append([seed, lib, *cells, f"{r['train_seconds']:.1f}",
+                            f"{r['steps'] / r['train_seconds']:.0f}", rets])  # fmt: skip
+    lines += ["Per run (env steps / training seconds; the last columns: whole budget):", ""]
+    lines.append(markdown_table(["seed", "library", "first", "stays", "solved", "train s",
+                                 "steps/s", "eval returns"], per_run))  # fmt: skip
+    for lib in LIBS:
+        settings = next((r["settings"] for r in runs[lib].values() if "settings" in r), None)
+        if settings:
+            lines += ["", f"{lib} settings: `{json.dumps(settings)}`"]
+    return lines + [""]
+
+
+def contextual_section(part: dict) -> list[str]:
+    lines = ["## Discrete SAC, 100,000 actions (bench/contextual.py)", ""]
+    import contextual
+
+    lines += [contextual.__doc__.split("\n\n")[1].replace("\n", " "), ""]
+    rows, curves = [], []
+    for key, r in part.items():
+        if "error" in r:
+            rows.append([key, r["error"], "", "", "", "", ""])
+            continue
+        last = r["curve"][-1]
+        rows.append([f"{r['n_actions']:,}", r["form"], f"{last[2]:.3f}", f"{last[3]:.2f}",
+                     f"{r['rss_before_mib']:.0f}", f"{r['peak_extra_mib']:.0f}",
+                     f"{r['s_per_update']:.3f}"])  # fmt: skip
+        curves.append(f"- {r['form']}: " + " ".join(f"{c[0]}:{c[2]:.2f}/{c[3]:.2f}"
+                                                    for c in r["curve"]))  # fmt: skip
+    lines.append(markdown_table(["actions", "form", "final return", "hit rate",
+                                 "RSS before MiB", "peak extra MiB", "s/update"], rows))  # fmt: skip
+    lines += ["", "Return curves (env step: greedy return / hit rate over the 16 contexts):", ""]
+    return lines + curves + [""]
+
+
+def write_report(results: dict) -> Path:
+    out = RESULTS / "learn.md"
+    notes = ""
+    if out.exists() and NOTES_MARKER in out.read_text():
+        notes = out.read_text().split(NOTES_MARKER, 1)[1]
+    paras = [" ".join(p.split()) for p in __doc__.split("\n\n")[3:5]]
+    lines = ["# Learning benchmark: rlstash vs Stable-Baselines3", "",
+             "Reproduce: `python3 bench/learn.py` (all parts, ~30 min on 2 cores); "
+             "`--parts dqn|sac|contextual` and `--seeds` re-run a part, merged with the earlier "
+             "runs kept in bench/.work/learn.json.", "", paras[0], "", paras[1], ""]  # fmt: skip
+    lines += ["Machine:", "", *header_lines(results.get("machine", {})), ""]
+    for algo in TASKS:
+        if algo in results:
+            lines += learning_section(algo, results[algo])
+    if "contextual" in results:
+        lines += contextual_section(results["contextual"])
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n" + NOTES_MARKER + notes)
+    return out
 
 
 # ----------------------------------------------------------------------------- main

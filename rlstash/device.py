@@ -121,8 +121,12 @@ class Delivery:
         return not self.pin_memory and (self.device is None or self.device.type == "cpu")
 
     def __call__(self, batch: Batch) -> Batch:
-        if self.identity and all(t.device.type == "cpu" for t in batch.values()):
-            return batch
+        if self.identity:
+            for t in batch.values():
+                if not t.is_cpu:
+                    break
+            else:
+                return batch
         if is_cuda(self.device):
             return self._to_cuda(batch)
         return self._to_host_or_other(batch)

@@ -39,11 +39,17 @@ import torch
 
 from rlstash.device import Delivery
 from rlstash.protocols import Index, SampleContext, Sampler, Storage
+from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler
 from rlstash.spec import Batch
 from rlstash.writer import RingWriter
 
 Transform = Callable[[Batch], Batch]
 _FORMAT = 1
+# Samplers whose indices are always stored rows in [0, capacity): their batches are gathered
+# without a bounds check. Exact types: a subclass may override ``sample``.
+_IN_RANGE = frozenset({UniformSampler, PrioritizedSampler, SequenceSampler})
+# Samplers whose ``on_write`` accepts numpy arrays as well as tensors (or ignores the batch).
+_ANY_ARRAYS = _IN_RANGE
 
 
 class ReplayBuffer:
@@ -83,8 +89,6 @@ class ReplayBuffer:
                     f"transforms[{i}]: expected a callable dict -> dict, got {type(t).__name__}"
                 )
         if sampler is None:
-            from rlstash.sampler import UniformSampler
-
             sampler = UniformSampler()
         self.storage = storage
         # A storage that places rows itself (the stream storage's per-env lanes) replaces the
@@ -99,6 +103,16 @@ class ReplayBuffer:
         self.sampler.reset(storage.capacity)
         self._lock = threading.RLock()
         self._ctx = SampleContext(0, 0, storage.capacity, self.rng)
+        # hot-path helpers, looked up once (None when the storage has no such fast path)
+        from rlstash.storage.ram import ArrayStorage  # (the storage package is loaded by now)
+
+        fast = isinstance(storage, ArrayStorage)  # TensorStorage, MemmapStorage
+        self._rows_at = getattr(storage, "valid", None) is not None or hasattr(storage, "window")
+        self._gather = storage.gather if fast else None
+        self._exact = storage.exact_sources if fast else None
+        self._put = storage.put if fast else None
+        self._set_cursor = getattr(storage, "set_cursor", None)
+        self._host = getattr(getattr(storage, "device", None), "type", None) == "cpu"
         self._prefetcher: _Prefetcher | None = None
         self._closed = False
         self._resume_from_storage()
@@ -124,12 +138,26 @@ class ReplayBuffer:
         A batch with more rows than the capacity keeps its last ``capacity`` rows, exactly as
         writing them one by one would.
         """
-        self._check_open()
+        if self._closed:
+            self._check_open()
         if self._placed:
             with self._lock:
                 index = self.storage.extend(batch)  # validated there: a bad batch writes nothing
                 self.sampler.on_write(index, self.storage.step_flags(index))
             return index
+        exact = self._exact(batch) if self._exact is not None else None
+        if exact is not None:
+            srcs, n = exact
+            writer = self.writer
+            if n <= writer.capacity:
+                with self._lock:
+                    index = writer.reserve(n)
+                    self._put(index, srcs)
+                    writer.commit(n)
+                    self._after_write(index, batch, srcs)
+                if type(index) is slice:
+                    return np.arange(index.start, index.stop, dtype=np.int64)
+                return index
         data = self.storage.spec.validate(batch)
         n = next(iter(data.values())).shape[0]
         cap = self.capacity
@@ -148,6 +176,20 @@ class ReplayBuffer:
             return np.arange(index.start, index.stop, dtype=np.int64)
         return index
 
+    def _after_write(self, index: Index, batch: dict[str, Any], srcs: list[Any]) -> None:
+        """After a fast-path write (``storage.exact_sources`` + ``put``, under the lock): the
+        disk cursor, then the sampler (given tensors unless it accepts numpy arrays)."""
+        if self._set_cursor is not None:
+            w = self.writer
+            self._set_cursor(w.cursor, w.size, {"total": w.total})
+        sampler = self.sampler
+        kind = type(sampler)
+        if kind is UniformSampler:
+            return  # keeps no per-row state
+        if kind not in _ANY_ARRAYS and any(type(v) is not torch.Tensor for v in srcs):
+            batch = self.storage.spec.validate(batch)  # tensors for a custom sampler
+        sampler.on_write(index, batch)
+
     def add(self, row: Mapping[str, Any]) -> int:
         """Append one row given without the leading dimension."""
         batch = {
@@ -159,8 +201,13 @@ class ReplayBuffer:
     # sampling
     def sample(self, batch_size: int) -> Batch:
         """Sample a batch: fields, ``index`` (int64) and sampler extras such as ``weight``."""
-        self._check_open()
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+        if self._closed:
+            self._check_open()
+        if type(batch_size) is not int and (
+            not isinstance(batch_size, int) or isinstance(batch_size, bool)
+        ):
+            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        if batch_size <= 0:
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
         if self.prefetch:
             if self._prefetcher is None or self._prefetcher.batch_size != batch_size:
@@ -178,18 +225,27 @@ class ReplayBuffer:
                 ctx.size, ctx.cursor = self.capacity, 0
             else:
                 ctx.size, ctx.cursor = self.writer.size, self.writer.cursor
-            ctx.valid = getattr(self.storage, "valid", None)
-            ctx.window = getattr(self.storage, "window", None)
-            index, extra = self.sampler.sample(batch_size, ctx)
+            if self._rows_at:
+                ctx.valid = getattr(self.storage, "valid", None)
+                ctx.window = getattr(self.storage, "window", None)
+            sampler = self.sampler
+            index, extra = sampler.sample(batch_size, ctx)
+            # indices of a built-in sampler are stored rows: gather without a bounds check
+            read = self._gather if type(sampler) in _IN_RANGE else None
+            read = read or self.storage.read
             if index.ndim == 1:
-                batch = self.storage.read(index)
+                batch = read(index)
             else:  # windows [B, L] (sequence sampler): gather flat, then [B, L, ...]
-                flat = self.storage.read(index.reshape(-1))
+                flat = read(index.reshape(-1))
                 batch = {k: v.reshape(*index.shape, *v.shape[1:]) for k, v in flat.items()}
-        batch["index"] = torch.from_numpy(index)
+        from_numpy = torch.from_numpy
+        batch["index"] = from_numpy(index)
         for key, value in extra.items():
-            batch[key] = torch.from_numpy(value)
-        for transform in self.transforms:
+            batch[key] = from_numpy(value)
+        transforms = self.transforms
+        if not transforms and self._host and self.delivery.identity:
+            return batch  # host tensors, nothing to move or pin: delivery is the identity
+        for transform in transforms:
             batch = transform(batch)
             if not isinstance(batch, dict):
                 raise TypeError(
@@ -236,9 +292,8 @@ class ReplayBuffer:
     # state
     def _sync_storage_cursor(self) -> None:
         """A disk storage persists the writer position with its metadata (resume after a crash)."""
-        sync = getattr(self.storage, "set_cursor", None)
-        if sync is not None:
-            sync(self.writer.cursor, self.writer.size, {"total": self.writer.total})
+        if self._set_cursor is not None:
+            self._set_cursor(self.writer.cursor, self.writer.size, {"total": self.writer.total})
 
     def _resume_from_storage(self) -> None:
         """A reopened disk storage knows its cursor; pick it up (resume after a crash)."""
@@ -393,7 +448,9 @@ def _fields_for(sampler: Sampler, storage: Storage, size: int) -> Batch:
 
 def _host_numpy(value: Any, name: str) -> np.ndarray:
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu").numpy()
+        if value.requires_grad:
+            value = value.detach()
+        return (value if value.is_cpu else value.to("cpu")).numpy()
     try:
         return np.asarray(value)
     except Exception as exc:  # noqa: BLE001

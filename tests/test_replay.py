@@ -292,3 +292,74 @@ def test_bad_constructor_arguments():
         make(prefetch=-1)
     with pytest.raises(TypeError, match=r"transforms\[0\]"):
         make(transforms=[42])
+
+
+def test_extend_fast_path_matches_validated_path(tmp_path):
+    """Batches with the exact dtypes skip validation work; results equal the general path."""
+    fast = make(capacity=8, storage=MemmapStorage(SPEC, 8, tmp_path / "fast"))
+    slow = make(capacity=8)
+    for start, n in ((0, 5), (5, 6), (11, 8)):  # fills, wraps, overwrites everything
+        b = rows(start, n)
+        as_numpy = {k: v.numpy() for k, v in b.items()}
+        casts = {**b, "action": b["action"].int(), "obs": b["obs"].double()}  # validated
+        assert fast.storage.exact_sources(as_numpy) is not None
+        assert fast.storage.exact_sources(casts) is None
+        i1 = fast.extend(as_numpy if start else b)
+        i2 = slow.extend(casts)
+        np.testing.assert_array_equal(i1, i2)
+        assert i1.dtype == np.int64
+    a, b = fast.storage.read(np.arange(8)), slow.storage.read(np.arange(8))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert (fast.writer.state_dict(), len(fast)) == (slow.writer.state_dict(), len(slow))
+    assert (fast.storage.cursor, fast.storage.size) == (fast.writer.cursor, 8)
+    fast.close()
+
+
+class RecordingSampler(UniformSampler):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_write(self, index, batch):
+        self.seen.append({k: type(v) for k, v in batch.items()})
+
+
+def test_custom_sampler_gets_tensors_from_the_fast_path():
+    rb = make(sampler=RecordingSampler())
+    rb.extend({k: v.numpy() for k, v in rows(0, 4).items()})
+    rb.extend(rows(4, 4))
+    assert all(t is torch.Tensor for seen in rb.sampler.seen for t in seen.values())
+
+
+class OutOfRangeSampler(UniformSampler):
+    def sample(self, batch_size, ctx):
+        return np.full(batch_size, ctx.capacity, dtype=np.int64), {}
+
+
+def test_indices_of_a_custom_sampler_are_still_bounds_checked():
+    rb = make(sampler=OutOfRangeSampler())
+    rb.extend(rows(0, 4))
+    with pytest.raises(IndexError, match="capacity"):
+        rb.sample(2)
+
+
+@pytest.mark.parametrize("prefetch", [0, 3])
+def test_sampled_batches_stay_intact_while_held(prefetch):
+    """Big batches come from reused memory, but never while anything still refers to it."""
+    spec = Spec({"frame": Field((64, 32, 32), torch.uint8), "id": Field((), torch.int64)})
+    rb = ReplayBuffer(TensorStorage(spec, 64), seed=1, prefetch=prefetch)
+    ids = torch.arange(64)
+    rb.extend({"frame": (ids % 251).to(torch.uint8)[:, None, None, None].expand(64, 64, 32, 32),
+               "id": ids})  # fmt: skip
+    held = []
+    for i in range(40):
+        b = rb.sample(2)  # 128 KiB per batch: pooled
+        index = b["index"].clone()  # not pooled: what the batch must still show
+        held.append((index, b) if i % 2 else (index[1:], {"frame": b["frame"][1:]}))
+        if len(held) > 7:
+            held.pop(0)
+        for index, h in held:
+            want = (index % 251).to(torch.uint8)
+            assert (h["frame"].flatten(1) == want[:, None]).all()
+            assert "id" not in h or torch.equal(h["id"], index)
+    rb.close()

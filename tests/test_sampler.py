@@ -249,15 +249,14 @@ def test_duplicate_indices_last_write_wins_and_torch_input():
 def test_bad_priorities_are_refused_and_change_nothing(indices, priorities, error, match):
     s = prioritized(10, rows=8)
     s.update_priorities(np.arange(8), np.arange(8.0))
-    before = s.state_dict()
+    before, low = s.state_dict(), s._tree.min_positive()
     with pytest.raises(error, match=match):
         s.update_priorities(np.array(indices), np.array(priorities))
     after = s.state_dict()
-    for a, b in zip(
-        before["tree"]["sum"] + before["tree"]["min"], after["tree"]["sum"] + after["tree"]["min"]
-    ):
+    for a, b in zip(before["tree"]["sum"], after["tree"]["sum"], strict=True):
         np.testing.assert_array_equal(a, b)
     assert before["max_priority"] == after["max_priority"]
+    assert s._tree.min_positive() == low
 
 
 def test_invalid_rows_are_never_returned_and_keep_their_priority():
@@ -532,3 +531,49 @@ def test_bad_ctx_window_is_refused():
     bad.window = lambda a, n: a[:, None] + np.arange(n) + 100
     with pytest.raises(ValueError, match=r"ctx.window: expected rows in \[0, 8\)"):
         s.sample(4, bad)
+
+
+@pytest.mark.parametrize("high", [1, 2, 3, 7, 64, 65, 1000, 2**20 + 1, 2**40 + 7])
+def test_uniform_ints_are_in_range_and_uniform(high):
+    from rlstash.sampler import uniform_ints
+
+    rng = np.random.default_rng(high)
+    x = uniform_ints(rng, high, 60_000)
+    assert x.dtype == np.int64 and x.shape == (60_000,)
+    assert x.min() >= 0 and x.max() < high
+    if high == 1:
+        assert not x.any()
+    elif high <= 1000:  # chi-square with high - 1 degrees of freedom, far tail
+        counts = np.bincount(x, minlength=high)
+        assert chi_square(counts, np.full(high, 1 / high)) < high + 8 * np.sqrt(2 * high) + 30
+    else:  # top and bottom halves, and both ends reached
+        assert abs((x < high // 2).mean() - (high // 2) / high) < 0.01
+    again = uniform_ints(np.random.default_rng(high), high, 60_000)
+    np.testing.assert_array_equal(x, again)  # a function of the generator's state
+
+
+def test_update_priorities_of_sorted_batches_with_repeats():
+    """Sampled indices come sorted, often with repeats: the last priority per row wins."""
+    s = prioritized(10, alpha=1.0, eps=0.0)
+    s.update_priorities(np.array([1, 1, 4, 4, 4, 9]), np.array([5.0, 1.0, 2.0, 3.0, 7.0, 2.5]))
+    np.testing.assert_allclose(s.priorities(np.array([1, 4, 9])), [1.0, 7.0, 2.5])
+    assert s.max_priority == 7.0
+    s.update_priorities(np.array([0, 2, 3]), np.array([0.5, 0.25, 4.0], dtype=np.float32))
+    np.testing.assert_allclose(s.priorities(np.array([0, 2, 3])), [0.5, 0.25, 4.0])
+    with pytest.raises(ValueError, match=r"first: -1.0"):
+        s.update_priorities(np.array([0, 2]), np.array([-1.0, 1.0], dtype=np.float32))
+    with pytest.raises(ValueError, match="nan"):
+        s.update_priorities(np.array([0, 2]), np.array([np.nan, 1.0], dtype=np.float32))
+    with pytest.raises(ValueError, match=r"rows in \[0, 10\)"):
+        s.update_priorities(np.array([3, 3, 10]), np.array([1.0, 1.0, 1.0]))
+
+
+def test_weights_use_the_exact_minimum_after_it_is_overwritten():
+    s = prioritized(8, alpha=1.0, beta=1.0, eps=0.0)
+    s.update_priorities(np.arange(8), np.array([4.0, 1.0, 1.0, 2.0, 8.0, 4.0, 2.0, 8.0]))
+    ctx = ctx_for(8, seed=1)
+    idx, extra = s.sample(64, ctx)
+    np.testing.assert_allclose(extra["weight"], 1.0 / s.priorities(idx), rtol=1e-6)
+    s.update_priorities(np.array([1, 2]), np.array([3.0, 5.0]))  # both holders of the min go
+    idx, extra = s.sample(64, ctx)
+    np.testing.assert_allclose(extra["weight"], 2.0 / s.priorities(idx), rtol=1e-6)

@@ -524,3 +524,105 @@ def test_storage_that_fits_fills_completely(small_fs):
     assert_batch_equal(r.read(np.array([cap - 1])), last)
     assert r.size == cap
     r.close()
+
+
+# ----------------------------------------------------------------------------- hot paths
+def test_exact_sources_then_put_writes_what_write_writes(storage):
+    b = make_batch(4, seed=5)
+    got = storage.exact_sources(b)  # tensors of the exact dtypes (bfloat16 included)
+    assert got is not None and got[1] == 4
+    storage.put(slice(3, 7), got[0])
+    assert_batch_equal(storage.read(slice(3, 7)), b)
+    mixed = {k: (v.numpy() if v.dtype != torch.bfloat16 else v) for k, v in b.items()}
+    mixed["vec"] = b["vec"].clone().requires_grad_()  # raw rows are copied, grad or not
+    srcs, n = storage.exact_sources(mixed)
+    storage.put(np.array([15, 0, 1, 2]), srcs)  # a wrapped index array
+    assert_batch_equal(storage.read(np.array([15, 0, 1, 2])), b)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda b: {**b, "vec": b["vec"].double()},  # needs a cast
+        lambda b: {**b, "vec": torch.randn(3, 4).t()},  # not contiguous
+        lambda b: {**b, "vec": torch._neg_view(b["vec"])},  # negation bit: values differ
+        lambda b: {**b, "half": b["half"].view(torch.int16).numpy()},  # bits, not values
+        lambda b: {**b, "vec": b["vec"].tolist()},  # a list
+        lambda b: {**b, "vec": torch.zeros(4, 3, device="meta")},
+        lambda b: {**b, "done": b["done"][:3]},  # rows differ
+        lambda b: {**b, "obs": b["obs"][:, :1]},  # shape differs
+        lambda b: {k: v for k, v in b.items() if k != "vec"},
+        lambda b: {**b, "zzz": b["vec"]},
+        lambda b: {k: v[0] for k, v in b.items()},  # no row dimension
+        lambda b: list(b.values()),
+    ],
+)
+def test_exact_sources_declines_what_needs_validation(storage, change):
+    assert storage.exact_sources(change(make_batch(4))) is None
+
+
+def test_neg_view_goes_through_validation_with_the_right_values(storage):
+    b = make_batch(4)
+    src = {**b, "vec": torch._neg_view(b["vec"])}
+    storage.write(slice(0, 4), src)
+    assert torch.equal(storage.read(slice(0, 4))["vec"], -b["vec"])
+
+
+def test_put_on_a_closed_storage_raises(storage):
+    srcs, _ = storage.exact_sources(make_batch(2))
+    storage.close()
+    assert storage.exact_sources(make_batch(2)) is None
+    with pytest.raises(RuntimeError, match="closed"):
+        storage.put(slice(0, 2), srcs)
+
+
+POOLED = Spec(
+    {"frame": Field((256, 256), torch.uint8), "id": Field((), torch.int64)}
+)  # 64 KiB rows
+
+
+@pytest.mark.parametrize("kind", ["ram", "disk"])
+def test_pooled_gathers_never_overwrite_batches_still_referenced(tmp_path, kind):
+    storage = (
+        TensorStorage(POOLED, 8) if kind == "ram" else MemmapStorage(POOLED, 8, tmp_path / "b")
+    )
+    ids = torch.arange(8)
+    storage.write(
+        slice(0, 8), {"frame": ids.to(torch.uint8)[:, None, None].expand(8, 256, 256), "id": ids}
+    )
+
+    def check(batch, idx):
+        assert batch["id"].tolist() == idx
+        assert (batch["frame"].flatten(1) == torch.tensor(idx, dtype=torch.uint8)[:, None]).all()
+
+    kept = []  # every way a caller can hold on to a batch's memory
+    for i in range(10):
+        idx = [i % 8, (i + 3) % 8]
+        b = storage.gather(np.array(idx))
+        f = b["frame"]
+        held = [b, f[1:], f.reshape(2, -1), f.numpy(), f[0].untyped_storage()][i % 5]
+        kept.append((idx, held))
+        del b, f, held
+    for idx, held in kept:  # later gathers wrote elsewhere
+        if isinstance(held, dict):
+            check(held, idx)
+            continue
+        if isinstance(held, torch.UntypedStorage):
+            held = torch.empty(0, dtype=torch.uint8).set_(held)[: 2 * 256 * 256]
+        flat = torch.as_tensor(held).reshape(-1, 256 * 256)
+        want = idx[-flat.shape[0] :]  # f[1:] holds the second row only
+        assert (flat == torch.tensor(want, dtype=torch.uint8)[:, None]).all()
+    first = storage.gather(np.array([1, 2]))
+    ptr = first["frame"].data_ptr()
+    del first
+    again = storage.gather(np.array([5, 6]))  # the block nobody holds any more is reused
+    assert again["frame"].data_ptr() == ptr
+    check(again, [5, 6])
+    storage.close()
+
+
+def test_gather_clips_instead_of_reading_out_of_bounds(storage):
+    b = make_batch(CAP)
+    storage.write(slice(0, CAP), b)
+    got = storage.gather(np.array([CAP + 5, 3]))  # the caller promised in-range indices
+    assert torch.equal(got["action"], b["action"][[CAP - 1, 3]])

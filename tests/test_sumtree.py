@@ -194,3 +194,33 @@ def test_bad_arguments_are_refused(kwargs, match):
 def test_fill_checks_shape():
     with pytest.raises(ValueError, match=r"expected shape \[10\]"):
         SumMinTree(10).fill(np.zeros(11))
+
+
+def test_minimum_is_tracked_through_ties_zeros_and_overwrites():
+    tree = SumMinTree(64, 8, 2)
+    ref = np.zeros(64)
+
+    def put(idx, values):
+        tree.set(np.array(idx), np.array(values, dtype=float))
+        ref[idx] = values
+        positive = ref[ref > 0]
+        assert tree.min_positive() == (positive.min() if positive.size else np.inf)
+
+    put(list(range(64)), [1.0] * 64)  # 64 leaves share the minimum
+    put([0, 1, 2], [5.0, 5.0, 5.0])  # three of them raised: 61 left
+    put(list(range(3, 63)), [2.0] * 60)  # one left
+    put([63], [3.0])  # the last one raised: the minimum is looked up again
+    put([5, 6], [0.5, 0.0])  # a new, lower minimum; a zero takes no part
+    put([5], [0.0])  # its only holder set to 0
+    put(list(range(64)), [0.0] * 64)
+    put([7, 7, 9], [1e-300, 4.0, 1e-300])  # last write wins per leaf
+
+
+def test_state_of_an_older_version_with_minima_still_loads():
+    tree = SumMinTree(100, 8, 4)
+    tree.set(np.arange(100), np.linspace(1.0, 2.0, 100))
+    state = tree.state_dict()
+    state["min"] = [np.zeros(4), np.zeros(32)]  # the min levels older versions saved
+    other = SumMinTree(100, 8, 4)
+    other.load_state_dict(state)
+    assert other.min_positive() == 1.0 and other.total() == tree.total()

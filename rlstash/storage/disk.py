@@ -63,6 +63,15 @@ def _file_names(spec: Spec) -> dict[str, str]:
     return names
 
 
+def _plain(extra: dict[str, Any]) -> bool:
+    """True when every item is ``str -> int``: JSON-serializable without trying (the buffer's
+    ``{"total": n}``, on every extend)."""
+    for k, v in extra.items():
+        if type(k) is not str or type(v) is not int:
+            return False
+    return True
+
+
 def _np_dtype(dtype: torch.dtype) -> np.dtype:
     return numpy_view(torch.zeros(0, dtype=dtype)).dtype  # bfloat16 -> int16 bit patterns
 
@@ -367,8 +376,10 @@ class MemmapStorage(ArrayStorage):
                 f"{self.capacity}, got cursor={cursor} size={size}"
             )
         if extra is not None:
-            json.dumps(dict(extra))  # refuse what cannot be persisted, before changing anything
-            self._state.extra = dict(extra)
+            extra = dict(extra)
+            if not _plain(extra):
+                json.dumps(extra)  # refuse what cannot be persisted, before changing anything
+            self._state.extra = extra
         self._state.cursor, self._state.size = int(cursor), int(size)
 
     # ------------------------------------------------------------------ lifecycle
@@ -381,7 +392,8 @@ class MemmapStorage(ArrayStorage):
         """Flush and release the maps and the directory lock (idempotent)."""
         self._finalizer()
         self.tensors, self._arrays, self._np_fields, self._np_write = {}, None, None, None
-        self._out_key, self._out_arrays = None, []
+        self._out_key, self._out_arrays, self._put_arrays = None, [], None
+        self._pool.clear()
         self._closed = True
 
     def __enter__(self) -> MemmapStorage:

@@ -1,0 +1,212 @@
+"""End-to-end tests of the training loop and the train/eval CLI, with tiny settings.
+
+Each run is a few hundred to a few thousand env steps with a one-layer network, so the whole
+file takes seconds. The resume test trains in a subprocess, SIGKILLs it after a checkpoint
+and checks that ``--resume`` continues from that checkpoint with the buffer it saved.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rlstash import checkpoint
+from rlstash.cli import main
+from rlstash.replay import ReplayBuffer
+from rlstash.train import TrainConfig, train
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_DQN = {
+    "net_arch": [16],
+    "batch_size": 16,
+    "learning_starts": 64,
+    "train_freq": 32,
+    "gradient_steps": 2,
+    "buffer_size": 8192,  # > every run here: nothing is overwritten
+}
+TINY_SAC = {
+    "net_arch": [16],
+    "batch_size": 16,
+    "learning_starts": 64,
+    "train_freq": 8,
+    "gradient_steps": 1,
+    "buffer_size": 4096,
+}
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def _cli(*argv: str) -> list[str]:
+    return ["--quiet", "--device", "cpu", *argv]
+
+
+def test_dqn_run_writes_logs_checkpoint_and_plot(tmp_path: Path) -> None:
+    cfg = TrainConfig(steps=512, eval_every=256, eval_episodes=2, quiet=True, device="cpu",
+                      run_dir=str(tmp_path), name="dqn", agent=dict(TINY_DQN))  # fmt: skip
+    result = train(cfg)
+    run = tmp_path / "dqn"
+    assert result.run_dir == run and result.steps == 512 and not result.solved
+    assert result.train_seconds > 0
+    evals = _rows(run / "eval.csv")
+    assert [int(r["step"]) for r in evals] == [256, 512]
+    assert all(float(r["return_mean"]) >= 1 for r in evals)  # CartPole pays 1 per step
+    assert float(evals[0]["train_seconds"]) <= float(evals[1]["train_seconds"])
+    assert result.last_eval == pytest.approx(float(evals[-1]["return_mean"]))
+    assert (run / "progress.csv").exists()
+    assert checkpoint.latest(run) == run / "checkpoint"
+    state = checkpoint.load_state(run / "checkpoint")
+    assert state["step"] == 512 and state["agent"]["counters"]["updates"] > 0
+    assert result.plot is None or result.plot.exists()
+
+
+def test_sac_pendulum_run(tmp_path: Path) -> None:
+    cfg = TrainConfig(algo="sac", env="Pendulum-v1", steps=256, eval_every=128,
+                      eval_episodes=1, quiet=True, device="cpu", run_dir=str(tmp_path), name="sac",
+                      agent=dict(TINY_SAC))  # fmt: skip
+    result = train(cfg)
+    evals = _rows(tmp_path / "sac" / "eval.csv")
+    assert result.steps == 256 and [int(r["step"]) for r in evals] == [128, 256]
+    assert all(-2000 < float(r["return_mean"]) <= 0 for r in evals)  # Pendulum costs
+
+
+def test_stops_once_threshold_held_for_patience_evaluations(tmp_path: Path) -> None:
+    cfg = TrainConfig(steps=10_000, eval_every=128, eval_episodes=1, threshold=1.0,
+                      patience=3, quiet=True, device="cpu", run_dir=str(tmp_path), name="t",
+                      agent=dict(TINY_DQN))  # fmt: skip
+    result = train(cfg)  # every CartPole episode returns >= 1: solved at the 3rd evaluation
+    assert result.solved and result.steps == 3 * 128
+    assert len(_rows(tmp_path / "t" / "eval.csv")) == 3
+
+
+def test_existing_run_is_not_overwritten(tmp_path: Path) -> None:
+    cfg = TrainConfig(steps=64, eval_every=64, eval_episodes=1, quiet=True, device="cpu",
+                      run_dir=str(tmp_path), name="r", agent=dict(TINY_DQN))  # fmt: skip
+    train(cfg)
+    with pytest.raises(ValueError, match="--resume"):
+        train(cfg)
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--env", "NoSuchEnv-v0"], ["env", "NoSuchEnv-v0"]),
+        (["--algo", "dqn", "--env", "Pendulum-v1"], ["Discrete", "--algo sac"]),
+        (["--set", "learning_rate=-1"], ["learning_rate", "-1"]),
+        (["--set", "no_such_setting=1"], ["no_such_setting"]),
+    ],
+)
+def test_bad_config_is_one_line_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], words: list[str]
+) -> None:
+    code = main(["train", *_cli("--run-dir", str(tmp_path / "runs"), *argv)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and err.startswith("rlstash train: error:")
+    for word in words:
+        assert word in err
+    assert "Traceback" not in err
+
+
+def test_bad_config_writes_nothing(tmp_path: Path) -> None:
+    assert main(["train", *_cli("--run-dir", str(tmp_path / "runs"), "--env", "Nope-v0")]) == 2
+    leftovers = list((tmp_path / "runs").rglob("*")) if (tmp_path / "runs").exists() else []
+    assert leftovers == [], f"a refused run left files behind: {leftovers}"
+
+
+def test_eval_command_prints_return_stats(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = TrainConfig(steps=128, eval_every=128, eval_episodes=1, quiet=True, device="cpu",
+                      run_dir=str(tmp_path), name="e", agent=dict(TINY_DQN))  # fmt: skip
+    train(cfg)
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "e"), "--episodes", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "3 episodes" in out and "return mean" in out
+
+
+def test_eval_without_checkpoint_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["eval", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert "no complete checkpoint" in err and len(err.strip().splitlines()) == 1
+
+
+# --- resume after SIGKILL ------------------------------------------------------------------
+
+
+def _start_training(run_dir: Path, steps: int) -> subprocess.Popen:
+    sets = [arg for k, v in TINY_DQN.items() for arg in ("--set", f"{k}={v}")]
+    cmd = [sys.executable, "-m", "rlstash", "train", "--quiet", "--steps", str(steps),
+           "--checkpoint-every", "256", "--eval-every", str(steps), "--eval-episodes", "1",
+           "--run-dir", str(run_dir.parent), "--name", run_dir.name, "--device", "cpu", *sets]  # fmt: skip
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def _wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, min_step: int) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done = run_dir / "checkpoint" / "COMPLETE"
+        if done.exists() and done.read_text().strip() and int(done.read_text()) >= min_step:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"training ended before a checkpoint: {proc.stdout.read()}")
+        time.sleep(0.01)
+    pytest.fail("no checkpoint within 60 s")
+
+
+def _buffer_rows(path: Path, index: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+    rb = ReplayBuffer.load(path)
+    try:
+        if index is None:
+            index = np.flatnonzero(rb.storage.valid)
+        return index, {k: v.clone() for k, v in rb.storage.read(index).items()}
+    finally:
+        rb.close()
+
+
+def test_resume_after_sigkill_continues_from_last_checkpoint(tmp_path: Path) -> None:
+    run_dir, steps = tmp_path / "runs" / "killed", 6144
+    proc = _start_training(run_dir, steps)
+    try:
+        _wait_for_checkpoint(proc, run_dir, min_step=768)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL, "training finished before it could be killed"
+    ckpt = checkpoint.latest(run_dir)
+    assert ckpt is not None
+    killed_at = checkpoint.load_state(ckpt)["step"]
+    assert 768 <= killed_at < steps
+    index, saved = _buffer_rows(ckpt / "buffer.pt")
+    assert index.size >= killed_at - 64  # one slot per frame, minus episode-final slots
+
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, "-m", "rlstash", "train", "--resume", str(run_dir)],  # noqa: S603
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"resumed at step {killed_at} with " in out.stdout
+    final = checkpoint.load_state(run_dir / "checkpoint")
+    assert final["step"] == steps
+    _, after = _buffer_rows(run_dir / "checkpoint" / "buffer.pt", index)
+    for key in ("obs", "action"):  # what each slot stores (n-step fields grow with successors)
+        assert torch.equal(after[key], saved[key]), f"checkpointed buffer field {key} changed"
