@@ -49,6 +49,7 @@ PEERS = {
     "stable-baselines3": "2.9.2",
     "cpprb": "11.0.0",
     "ale-py": "0.12.1",
+    "opencv-python-headless": "5.0.0.93",  # gymnasium AtariPreprocessing (bench/stream.py)
     "mujoco": "4.0.0",
 }
 RECIPE = "ext-build-v1"  # bump when the extension build below changes
