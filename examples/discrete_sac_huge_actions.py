@@ -19,9 +19,7 @@ n_actions, n_contexts, batch = 100_000, 16, 64
 gen = torch.Generator().manual_seed(0)
 good = torch.randint(0, n_actions, (n_contexts,), generator=gen)  # the rewarding action per context
 
-cfg = DiscreteSACConfig(
-    learning_rate=1e-3, init_alpha=0.05, net_arch=(64,), action_chunk=16_384
-)
+cfg = DiscreteSACConfig(learning_rate=1e-3, init_alpha=0.05, net_arch=(64,), action_chunk=16_384)
 agent = DiscreteSAC((n_contexts,), n_actions, cfg)
 eye = torch.eye(n_contexts)
 for update in range(5 if quick else 400):

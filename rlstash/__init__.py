@@ -49,7 +49,36 @@ _EXPORTS: dict[str, str] = {
     "HistorySummarizer": "rlstash.agents.history",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AsyncCollector",
+    "BootstrapMask",
+    "Collector",
+    "DQN",
+    "DQNConfig",
+    "Delivery",
+    "DiscreteSAC",
+    "DiscreteSACConfig",
+    "EnvPool",
+    "Field",
+    "HistorySummarizer",
+    "InsufficientMemoryError",
+    "MemmapStorage",
+    "MemoryPlan",
+    "PrioritizedSampler",
+    "RateLimiter",
+    "ReplayBuffer",
+    "RingWriter",
+    "SAC",
+    "SACConfig",
+    "SequenceSampler",
+    "Spec",
+    "StreamStorage",
+    "TensorStorage",
+    "TieredStorage",
+    "UniformSampler",
+    "WorkerFailedError",
+    "plan",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -135,7 +135,9 @@ def test_worker_restart_never_stitches_or_bootstraps_from_a_reset_obs(tmp_path, 
     fns = [lambda: CrashEnv(crash_at=5, mode="segfault", once_file=once) for _ in range(2)]
     with pytest.warns(Warning):
         with EnvPool(fns, num_workers=2, seed=0, autoreset_mode=mode) as pool:
-            c = Collector(pool, lambda o: torch.zeros(o.shape[0], dtype=torch.int64), frames_per_batch=2 * 12)
+            c = Collector(
+                pool, lambda o: torch.zeros(o.shape[0], dtype=torch.int64), frames_per_batch=2 * 12
+            )
             batch = c.collect()
             restarts = len(pool.restarts)
     assert restarts == 1 and batch["restarted"].sum() == 1
