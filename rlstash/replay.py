@@ -218,13 +218,16 @@ class ReplayBuffer:
 
     def _sample_now(self, batch_size: int) -> Batch:
         with self._lock:
-            if len(self) == 0:
-                raise ValueError("sample: the buffer is empty; extend it before sampling")
             ctx = self._ctx
             if self._placed:  # candidates anywhere; ``valid`` says which rows are starts
+                if not self.storage.size:
+                    raise ValueError("sample: the buffer is empty; extend it before sampling")
                 ctx.size, ctx.cursor = self.capacity, 0
             else:
-                ctx.size, ctx.cursor = self.writer.size, self.writer.cursor
+                writer = self.writer
+                if not writer.size:
+                    raise ValueError("sample: the buffer is empty; extend it before sampling")
+                ctx.size, ctx.cursor = writer.size, writer.cursor
             if self._rows_at:
                 ctx.valid = getattr(self.storage, "valid", None)
                 ctx.window = getattr(self.storage, "window", None)

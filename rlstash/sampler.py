@@ -523,6 +523,8 @@ def _check_capacity(capacity: Any) -> int:
 
 
 def _check_batch_size(batch_size: Any) -> None:
+    if type(batch_size) is int and batch_size > 0:
+        return
     if not isinstance(batch_size, int | np.integer) or isinstance(batch_size, bool):
         raise TypeError(f"batch_size: expected an int, got {type(batch_size).__name__}")
     if batch_size <= 0:
