@@ -183,6 +183,7 @@ def spawn(task: dict, timeout: float) -> dict:
     """Run ``task`` in a fresh process (one torch thread, no CUDA); its JSON result or error."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(task)]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    load = os.getloadavg()[0]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -190,7 +191,9 @@ def spawn(task: dict, timeout: float) -> dict:
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"]
         return {"error": lines[-1]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["load_before_after"] = [round(load, 2), round(os.getloadavg()[0], 2)]
+    return out
 
 
 # ----------------------------------------------------------------------------- analysis
@@ -303,7 +306,7 @@ def contextual_section(part: dict) -> list[str]:
     lines = ["## Discrete SAC, 100,000 actions (bench/contextual.py)", ""]
     import contextual
 
-    lines += [contextual.__doc__.split("\n\n")[1].replace("\n", " "), ""]
+    lines += [contextual.SUMMARY, ""]
     rows, curves = [], []
     for key, r in part.items():
         if "error" in r:
@@ -326,7 +329,7 @@ def write_report(results: dict) -> Path:
     notes = ""
     if out.exists() and NOTES_MARKER in out.read_text():
         notes = out.read_text().split(NOTES_MARKER, 1)[1]
-    paras = [" ".join(p.split()) for p in __doc__.split("\n\n")[3:5]]
+    paras = [" ".join(p.split()) for p in __doc__.split("\n\n")[4:6]]
     lines = ["# Learning benchmark: rlstash vs Stable-Baselines3", "",
              "Reproduce: `python3 bench/learn.py` (all parts, ~30 min on 2 cores); "
              "`--parts dqn|sac|contextual` and `--seeds` re-run a part, merged with the earlier "

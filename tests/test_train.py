@@ -210,3 +210,50 @@ def test_resume_after_sigkill_continues_from_last_checkpoint(tmp_path: Path) -> 
     _, after = _buffer_rows(run_dir / "checkpoint" / "buffer.pt", index)
     for key in ("obs", "action"):  # what each slot stores (n-step fields grow with successors)
         assert torch.equal(after[key], saved[key]), f"checkpointed buffer field {key} changed"
+
+
+# --- presets and the learning-rate schedule the default run relies on ----------------------
+
+
+def test_presets_build_valid_configs() -> None:
+    from rlstash.agents.dqn import DQNConfig
+    from rlstash.agents.sac import SACConfig
+
+    dqn = DQNConfig.for_env("CartPole-v1")
+    assert dqn.lr_schedule == "linear" and dqn.buffer_size == dqn.total_steps
+    sac = SACConfig.for_env("Pendulum-v1")
+    assert sac.buffer_size == sac.total_steps
+
+
+def test_linear_learning_rate_decays_to_zero_at_total_steps() -> None:
+    from rlstash.agents.dqn import DQN, DQNConfig
+
+    cfg = DQNConfig(learning_rate=1e-3, lr_schedule="linear", total_steps=100, net_arch=(8,))
+    agent = DQN((4,), 2, cfg)
+    g = torch.Generator().manual_seed(0)
+    batch = {
+        "obs": torch.randn(8, 4, generator=g),
+        "next_obs": torch.randn(8, 4, generator=g),
+        "action": torch.randint(0, 2, (8,), generator=g),
+        "reward": torch.ones(8),
+        "terminated": torch.zeros(8, dtype=torch.bool),
+    }
+    for env_steps, lr in ((0, 1e-3), (25, 7.5e-4), (100, 0.0), (250, 0.0)):
+        agent.env_steps = env_steps
+        out = agent.update(batch)
+        assert agent.optims["q"].param_groups[0]["lr"] == pytest.approx(lr)
+        assert out["learning_rate"] == pytest.approx(lr)
+    before = [p.clone() for p in agent.nets["q"].parameters()]
+    agent.update(batch)  # lr 0: the network no longer moves
+    assert all(torch.equal(a, b) for a, b in zip(before, agent.nets["q"].parameters()))
+    constant = DQN((4,), 2, DQNConfig(learning_rate=1e-3, total_steps=100, net_arch=(8,)))
+    constant.env_steps = 90
+    constant.update(batch)
+    assert constant.optims["q"].param_groups[0]["lr"] == 1e-3
+
+
+def test_unknown_lr_schedule_is_refused() -> None:
+    from rlstash.agents.dqn import DQNConfig
+
+    with pytest.raises(ValueError, match="lr_schedule: expected 'constant' or 'linear'"):
+        DQNConfig(lr_schedule="cosine")
