@@ -266,7 +266,12 @@ def test_nature_cnn_on_uint8_pixels():
 
 def test_presets_and_help():
     cfg = DQNConfig.for_env("CartPole-v1", seed=5)
-    assert cfg.learning_rate == 2.3e-3 and cfg.net_arch == (64, 64) and cfg.n_steps == 5 and cfg.seed == 5
+    assert (
+        cfg.learning_rate == 2.3e-3
+        and cfg.net_arch == (64, 64)
+        and cfg.n_steps == 5
+        and cfg.seed == 5
+    )
     assert DQNConfig.for_env("Unknown-v0") == DQNConfig()
     assert set(DQNConfig.help()) == set(cfg.to_dict()) and all(DQNConfig.help().values())
 
