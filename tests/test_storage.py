@@ -19,7 +19,7 @@ from rlstash import memory
 from rlstash.memory import InsufficientMemoryError
 from rlstash.protocols import Storage
 from rlstash.spec import Field, Spec
-from rlstash.storage import MemmapStorage, TensorStorage
+from rlstash.storage import MemmapStorage, TensorStorage, ram
 from rlstash.writer import RingWriter
 
 SPEC = Spec(
@@ -238,6 +238,7 @@ def test_tensor_storage_plans_before_allocating(monkeypatch):
     monkeypatch.setattr(memory, "ram_available", lambda: 1_000)
     allocated = []
     monkeypatch.setattr(torch, "zeros", lambda *a, **k: allocated.append(a))
+    monkeypatch.setattr(ram, "_zeros", lambda *a, **k: allocated.append(a))
     with pytest.raises(InsufficientMemoryError) as info:
         TensorStorage(SPEC, 1_000)
     assert allocated == []
