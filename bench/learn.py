@@ -48,8 +48,6 @@ WORK = HERE / ".work"  # raw results of every run (learn.json), merged across in
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-from common import header_lines, markdown_table  # noqa: E402
-
 TASKS = {
     "dqn": {"env": "CartPole-v1", "threshold": 475.0, "budget": 50_000},
     "sac": {"env": "Pendulum-v1", "threshold": -200.0, "budget": 20_000},
@@ -254,6 +252,8 @@ def _ratio(a: float, b: float) -> str:
 
 
 def learning_section(algo: str, part: dict) -> list[str]:
+    from common import markdown_table
+
     task = TASKS[algo]
     lines = [f"## {algo.upper()} {task['env']}: threshold {task['threshold']:g}, "
              f"budget {part['budget']:,} env steps", ""]  # fmt: skip
@@ -303,9 +303,10 @@ def learning_section(algo: str, part: dict) -> list[str]:
 
 
 def contextual_section(part: dict) -> list[str]:
-    lines = ["## Discrete SAC, 100,000 actions (bench/contextual.py)", ""]
     import contextual
+    from common import markdown_table
 
+    lines = ["## Discrete SAC, 100,000 actions (bench/contextual.py)", ""]
     lines += [contextual.SUMMARY, ""]
     rows, curves = [], []
     for key, r in part.items():
@@ -325,11 +326,13 @@ def contextual_section(part: dict) -> list[str]:
 
 
 def write_report(results: dict) -> Path:
+    from common import header_lines
+
     out = RESULTS / "learn.md"
     notes = ""
     if out.exists() and NOTES_MARKER in out.read_text():
         notes = out.read_text().split(NOTES_MARKER, 1)[1]
-    paras = [" ".join(p.split()) for p in __doc__.split("\n\n")[4:6]]
+    paras = [" ".join(p.split()).replace("``", "`") for p in __doc__.split("\n\n")[4:6]]
     lines = ["# Learning benchmark: rlstash vs Stable-Baselines3", "",
              "Reproduce: `python3 bench/learn.py` (all parts, ~30 min on 2 cores); "
              "`--parts dqn|sac|contextual` and `--seeds` re-run a part, merged with the earlier "

@@ -181,7 +181,7 @@ def _buffer_rows(path: Path, index: np.ndarray | None = None) -> tuple[np.ndarra
 
 
 def test_resume_after_sigkill_continues_from_last_checkpoint(tmp_path: Path) -> None:
-    run_dir, steps = tmp_path / "runs" / "killed", 6144
+    run_dir, steps = tmp_path / "runs" / "killed", 4096
     proc = _start_training(run_dir, steps)
     try:
         _wait_for_checkpoint(proc, run_dir, min_step=768)
