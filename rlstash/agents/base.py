@@ -220,8 +220,13 @@ def optimize(
 
 
 def adam(params: Any, lr: float) -> torch.optim.Adam:
-    """Adam with the multi-tensor (foreach) implementation, also on CPU (fewer Python loops)."""
-    return torch.optim.Adam(params, lr=lr, foreach=True)
+    """Adam with the fused implementation (one kernel for all parameters; CPU and CUDA since
+    torch 2.4), or the multi-tensor (foreach) one where fused is not supported."""
+    params = list(params)
+    try:
+        return torch.optim.Adam(params, lr=lr, fused=True)
+    except (RuntimeError, ValueError, TypeError):
+        return torch.optim.Adam(params, lr=lr, foreach=True)
 
 
 def make_generator(device: torch.device, seed: int) -> torch.Generator:

@@ -40,6 +40,44 @@ class MLP(nn.Sequential):
         self.out_dim = dim
 
 
+class EnsembleMLP(nn.Module):
+    """``members`` independent MLPs (in_dim -> hidden... -> out_dim, ReLU) evaluated as one:
+    each layer's weights are stacked [M, in, out], so a layer is one batched matmul for all
+    members (a twin critic costs the kernel launches and autograd nodes of one MLP).
+
+    Each member is initialized like ``nn.Linear`` (weights and biases U(-1/sqrt(in), 1/sqrt(in))).
+    """
+
+    def __init__(self, in_dim: int, hidden: Sequence[int], out_dim: int, members: int = 2):
+        super().__init__()
+        dims = [in_dim, *hidden, out_dim]
+        self.members, self.out_dim = members, out_dim
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for fan_in, fan_out in zip(dims[:-1], dims[1:]):
+            bound = 1.0 / math.sqrt(fan_in)
+            self.weights.append(
+                nn.Parameter(torch.empty(members, fan_in, fan_out).uniform_(-bound, bound))
+            )
+            self.biases.append(
+                nn.Parameter(torch.empty(members, 1, fan_out).uniform_(-bound, bound))
+            )
+
+    def forward(self, x: torch.Tensor, detach: bool = False) -> torch.Tensor:
+        """x [B, in] (shared by all members) or [M, B, in] -> [M, B, out]. With ``detach``
+        the weights take no gradient (gradients still flow to ``x``)."""
+        if x.dim() == 2:
+            x = x.expand(self.members, *x.shape)
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            if detach:
+                w, b = w.detach(), b.detach()
+            x = torch.baddbmm(b, x, w)
+            if i < last:
+                x = torch.relu(x)
+        return x
+
+
 class NatureCNN(nn.Module):
     """Conv 32x8/4 -> 64x4/2 -> 64x3/1 -> Linear 512, ReLU; uint8 input scaled by 1/255."""
 

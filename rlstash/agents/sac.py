@@ -8,6 +8,7 @@ critics see actions rescaled back to [-1, 1]. Log-probabilities and the entropy 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from rlstash.agents.base import (
     optimize,
     seeded_init,
 )
-from rlstash.agents.nets import MLP, LogAlpha, frozen, make_encoder, polyak_update
+from rlstash.agents.nets import EnsembleMLP, LogAlpha, frozen, make_encoder, polyak_update
 
 # Tuned presets (bench/learn.py, bench/results/learn.md). Pendulum-v1 starts from the RL Zoo's
 # (hyperparams/sac.yml: lr 1e-3, 20k steps, SB3 defaults otherwise) and changes:
@@ -109,13 +110,12 @@ class SquashedGaussianActor(nn.Module):
     ):
         super().__init__()
         self.encoder = make_encoder(obs_shape, net_arch)
-        self.mean = nn.Linear(self.encoder.out_dim, act_dim)
-        self.log_std = nn.Linear(self.encoder.out_dim, act_dim)
+        self.head = nn.Linear(self.encoder.out_dim, 2 * act_dim)  # mean and log_std
         self.log_std_range = log_std_range
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = self.encoder(obs)  # [B, H]
-        return self.mean(h), self.log_std(h).clamp(*self.log_std_range)  # [B, A], [B, A]
+        mean, log_std = self.head(self.encoder(obs)).chunk(2, dim=-1)  # [B, A], [B, A]
+        return mean, log_std.clamp(*self.log_std_range)
 
     def sample(
         self, obs: torch.Tensor, generator: torch.Generator, deterministic: bool = False
@@ -130,16 +130,30 @@ class SquashedGaussianActor(nn.Module):
         return torch.tanh(u), squashed_log_prob(u, mean, log_std)
 
 
-class Critic(nn.Module):
-    """Q(s, a) [B] from features(obs) concatenated with a in [-1, 1]^A."""
+class TwinCritic(nn.Module):
+    """Q_1(s, a), Q_2(s, a) -> [2, B]: two independent critics over features(obs) concatenated
+    with a in [-1, 1]^A, evaluated as one :class:`EnsembleMLP` (one batched matmul per layer).
+    Pixel observations get one encoder per critic."""
 
     def __init__(self, obs_shape: tuple[int, ...], act_dim: int, net_arch: tuple[int, ...]):
         super().__init__()
-        self.features = make_encoder(obs_shape, ())
-        self.mlp = MLP(self.features.out_dim + act_dim, net_arch, 1)
+        self.features = nn.ModuleList([make_encoder(obs_shape, ()) for _ in range(2)])
+        self.shared = not any(True for _ in self.features.parameters())  # flatten: compute once
+        self.mlp = EnsembleMLP(self.features[0].out_dim + act_dim, net_arch, 1, members=2)
 
-    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        return self.mlp(torch.cat([self.features(obs), action], dim=-1)).squeeze(-1)  # [B]
+    def forward(
+        self, obs: torch.Tensor, action: torch.Tensor, detach: bool = False
+    ) -> torch.Tensor:
+        """[2, B]; with ``detach`` the critics' weights take no gradient (the actor loss
+        backpropagates through the critics to the action only)."""
+        if self.shared:
+            x = torch.cat([self.features[0](obs), action], dim=-1)  # [B, F + A]
+        else:
+            with frozen(self.features) if detach else contextlib.nullcontext():
+                x = torch.stack(
+                    [torch.cat([f(obs), action], dim=-1) for f in self.features]
+                )  # [2, B, F + A]
+        return self.mlp(x, detach=detach).squeeze(-1)
 
 
 def _bounds(value: Any, name: str, act_dim: int) -> torch.Tensor:
@@ -188,21 +202,13 @@ class SAC(AgentBase):
             actor = SquashedGaussianActor(
                 self.obs_shape, act_dim, cfg.net_arch, (cfg.log_std_min, cfg.log_std_max)
             )
-            q1, q2 = (
-                Critic(self.obs_shape, act_dim, cfg.net_arch),
-                Critic(self.obs_shape, act_dim, cfg.net_arch),
-            )
-        nets = {"actor": actor, "q1": q1, "q2": q2, "alpha": LogAlpha(cfg.init_alpha)}
-        nets.update(
-            q1_target=copy.deepcopy(q1).requires_grad_(False),
-            q2_target=copy.deepcopy(q2).requires_grad_(False),
-        )
+            critic = TwinCritic(self.obs_shape, act_dim, cfg.net_arch)
+        nets = {"actor": actor, "critic": critic, "alpha": LogAlpha(cfg.init_alpha)}
+        nets["critic_target"] = copy.deepcopy(critic).requires_grad_(False)
         lr = cfg.learning_rate
         optims = {
             "actor": lambda: adam(self.nets["actor"].parameters(), lr),
-            "critic": lambda: adam(
-                [*self.nets["q1"].parameters(), *self.nets["q2"].parameters()], lr=lr
-            ),
+            "critic": lambda: adam(self.nets["critic"].parameters(), lr),
             "alpha": lambda: adam(self.nets["alpha"].parameters(), lr),
         }
         self._setup(nets, ("actor",), optims)
@@ -225,14 +231,20 @@ class SAC(AgentBase):
             return self.center.to(self.act_device) + self.scale.to(self.act_device) * a
 
     @torch.no_grad()
-    def td_target(self, batch: Batch, alpha: torch.Tensor) -> torch.Tensor:
+    def td_target(
+        self,
+        batch: Batch,
+        alpha: torch.Tensor,
+        next_sample: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """y = r + d (1 - terminated) (min_i Q_target_i(s', a') - alpha log pi(a'|s')), a' ~ pi(.|s')
-        with d the batch "discount" (gamma^n) or gamma. [B]"""
+        with d the batch "discount" (gamma^n) or gamma. [B]. ``next_sample``: (a', log pi(a'|s'))
+        already drawn (``update`` draws them in the same actor pass as a ~ pi(.|s))."""
         nets, next_obs = self.nets, batch["next_obs"]
-        next_a, next_logp = nets["actor"].sample(next_obs, self.learn_gen)  # [B, A], [B]
-        next_q = torch.minimum(
-            nets["q1_target"](next_obs, next_a), nets["q2_target"](next_obs, next_a)
-        )
+        if next_sample is None:
+            next_sample = nets["actor"].sample(next_obs, self.learn_gen)
+        next_a, next_logp = next_sample  # [B, A], [B]
+        next_q = nets["critic_target"](next_obs, next_a).amin(0)  # [B]
         soft_v = (next_q - alpha * next_logp).masked_fill(batch["terminated"], 0.0)  # [B]
         return batch["reward"] + batch.get("discount", self.config.gamma) * soft_v
 
@@ -250,34 +262,36 @@ class SAC(AgentBase):
         action = (batch["action"] - self.center.to(self.device)) / self.scale.to(
             self.device
         )  # [B, A]
-        a_pi, logp_pi = nets["actor"].sample(obs, self.learn_gen)  # [B, A], [B]
+        # one actor pass over s and s' (half the kernel launches of two); rows B.. are s'
+        a_all, logp_all = nets["actor"].sample(torch.cat([obs, batch["next_obs"]]), self.learn_gen)
+        bsz = obs.shape[0]
+        a_pi, logp_pi = a_all[:bsz], logp_all[:bsz]  # [B, A], [B]
+        next_sample = (a_all[bsz:].detach(), logp_all[bsz:].detach())
         alpha_loss = -(nets["alpha"].log_alpha * (logp_pi.detach() + self.target_entropy)).mean()
         if cfg.autotune_alpha:
             optimize(self.optims["alpha"], alpha_loss)
         alpha = nets["alpha"]().detach()  # []
-        y = self.td_target(batch, alpha)  # [B]
-        q1, q2 = nets["q1"](obs, action), nets["q2"](obs, action)  # [B], [B]
-        critic_per = 0.5 * ((q1 - y) ** 2 + (q2 - y) ** 2)  # [B]
+        y = self.td_target(batch, alpha, next_sample)  # [B]
+        q = nets["critic"](obs, action)  # [2, B]
+        critic_per = 0.5 * ((q - y) ** 2).sum(0)  # [B]
         if "weight" in batch:
             critic_per = critic_per * batch["weight"]
         critic_loss = critic_per.mean()
         critic_norm = optimize(self.optims["critic"], critic_loss, cfg.max_grad_norm)
-        with frozen(nets["q1"], nets["q2"]):  # gradients reach a_pi, not the critics' weights
-            q_pi = torch.minimum(nets["q1"](obs, a_pi), nets["q2"](obs, a_pi))  # [B]
-            actor_loss = (alpha * logp_pi - q_pi).mean()
-            actor_norm = optimize(self.optims["actor"], actor_loss, cfg.max_grad_norm)
+        q_pi = nets["critic"](obs, a_pi, detach=True).amin(0)  # [B]; gradients reach a_pi only
+        actor_loss = (alpha * logp_pi - q_pi).mean()
+        actor_norm = optimize(self.optims["actor"], actor_loss, cfg.max_grad_norm)
         self.updates += 1
         if self.updates % cfg.target_update_interval == 0:
-            polyak_update(nets["q1_target"], nets["q1"], cfg.tau)
-            polyak_update(nets["q2_target"], nets["q2"], cfg.tau)
+            polyak_update(nets["critic_target"], nets["critic"], cfg.tau)
         return {
             "critic_loss": critic_loss.item(),
             "actor_loss": actor_loss.item(),
             "alpha_loss": alpha_loss.item(),
             "alpha": alpha.item(),
             "entropy": -logp_pi.mean().item(),
-            "q_mean": q1.mean().item(),
+            "q_mean": q[0].mean().item(),
             "critic_grad_norm": critic_norm,
             "actor_grad_norm": actor_norm,
-            "td_error": (0.5 * ((q1 - y).abs() + (q2 - y).abs())).detach(),  # [B]
+            "td_error": (q - y).abs().mean(0).detach(),  # [B]
         }

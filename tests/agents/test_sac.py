@@ -65,17 +65,19 @@ def test_act_scales_to_asymmetric_bounds():
 
 
 class _Const(torch.nn.Module):
-    def __init__(self, value):
-        super().__init__()
-        self.value = value
+    """A twin critic answering Q_1 = values[0], Q_2 = values[1] everywhere: [2, B]."""
 
-    def forward(self, obs, action):
-        return torch.full((obs.shape[0],), self.value)
+    def __init__(self, *values):
+        super().__init__()
+        self.values = torch.tensor(values)
+
+    def forward(self, obs, action, detach=False):
+        return self.values[:, None].expand(2, obs.shape[0])
 
 
 def test_td_target_table():
     agent = SAC((3,), 2, low=-1, high=1, config=SACConfig(gamma=0.9))
-    agent.nets["q1_target"], agent.nets["q2_target"] = _Const(4.0), _Const(3.0)
+    agent.nets["critic_target"] = _Const(4.0, 3.0)
     agent.nets["actor"].sample = lambda obs, gen, deterministic=False: (
         torch.zeros(obs.shape[0], 2),
         torch.full((obs.shape[0],), -2.0),
@@ -101,10 +103,10 @@ def test_temperature_moves_toward_the_entropy_target(target, direction):
 
 def test_update_polyak_targets_and_metrics():
     agent = SAC((3,), 2, low=-2, high=2, config=SACConfig(tau=0.1))
-    old = [p.clone() for p in agent.nets["q1_target"].parameters()]
+    old = [p.clone() for p in agent.nets["critic_target"].parameters()]
     metrics = agent.update(_batch())
     for p_t, p_old, p in zip(
-        agent.nets["q1_target"].parameters(), old, agent.nets["q1"].parameters()
+        agent.nets["critic_target"].parameters(), old, agent.nets["critic"].parameters()
     ):
         torch.testing.assert_close(p_t, 0.9 * p_old + 0.1 * p)
     assert metrics["td_error"].shape == (16,) and (metrics["td_error"] >= 0).all()
@@ -138,3 +140,38 @@ def test_bad_input():
     with pytest.raises(ValueError, match="log_std_min"):
         SACConfig(log_std_min=3.0)
     assert SACConfig.for_env("Pendulum-v1").learning_rate == 1e-3
+
+
+def test_twin_critic_members_are_independent_mlps():
+    """Each member of the batched twin critic equals a plain MLP with its weights, and the
+    detached call passes gradients to the action but none to the weights."""
+    from rlstash.agents.sac import TwinCritic
+
+    critic = TwinCritic((3,), 2, (8, 5))
+    obs, act = torch.randn(6, 3), torch.randn(6, 2, requires_grad=True)
+    q = critic(obs, act)  # [2, 6]
+    x = torch.cat([obs, act], -1)
+    for m in range(2):
+        h = x
+        for i, (w, b) in enumerate(zip(critic.mlp.weights, critic.mlp.biases)):
+            h = h @ w[m] + b[m, 0]
+            h = torch.relu(h) if i < 2 else h
+        torch.testing.assert_close(q[m], h.squeeze(-1))
+    assert not torch.equal(q[0], q[1])  # independently initialized
+    critic(obs, act, detach=True).sum().backward()
+    assert act.grad is not None and act.grad.abs().sum() > 0
+    assert all(p.grad is None for p in critic.parameters())
+    critic(obs, act).sum().backward()
+    assert all(p.grad is not None for p in critic.parameters())
+
+
+def test_twin_critic_pixels_get_one_encoder_each():
+    from rlstash.agents.sac import TwinCritic
+
+    critic = TwinCritic((4, 84, 84), 2, (16,))
+    assert not critic.shared and len(critic.features) == 2
+    obs = torch.randint(0, 255, (3, 4, 84, 84), dtype=torch.uint8)
+    act = torch.randn(3, 2, requires_grad=True)
+    critic(obs, act, detach=True).sum().backward()
+    assert act.grad is not None and all(p.grad is None for p in critic.parameters())
+    assert all(p.requires_grad for p in critic.parameters())  # restored after the detached call
