@@ -47,6 +47,8 @@ _EXPORTS: dict[str, str] = {
     "DiscreteSAC": "rlstash.agents.sac_discrete",
     "DiscreteSACConfig": "rlstash.agents.sac_discrete",
     "HistorySummarizer": "rlstash.agents.history",
+    "HistoryWindow": "rlstash.agents.history",
+    "transitions_from_windows": "rlstash.agents.history",
 }
 
 __all__ = [
@@ -61,6 +63,8 @@ __all__ = [
     "EnvPool",
     "Field",
     "HistorySummarizer",
+    "HistoryWindow",
+    "transitions_from_windows",
     "InsufficientMemoryError",
     "MemmapStorage",
     "MemoryPlan",

@@ -291,6 +291,28 @@ def test_frame_stack_pads_episode_start_with_its_first_frame():
     assert got["obs"][2].tolist() == [f(1, 0)] * 4  # a new episode does not see the old one
 
 
+def test_one_step_frame_stacks_share_one_gather_and_match_the_separate_one():
+    """n_step = 1: next_obs's frames are obs's shifted by one slot, so one gather of k + 1
+    frames serves both; it equals reading them separately (into ``out``), padding included."""
+    store, _ = _filled(n=3, L=20, n_step=1, k=4, steps=60, seed=5)
+    idx = np.flatnonzero(store.valid)
+    nxt = store.lanes.nstep(idx)[3]
+    assert store.lanes.shifts_by_one(idx, nxt)
+    # the shift relation itself, padding at episode starts included
+    np.testing.assert_array_equal(
+        store.lanes.frame_rows(nxt),
+        np.concatenate([store.lanes.frame_rows(idx), nxt[:, None]], 1)[:, 1:],
+    )
+    got = store.read(idx)
+    assert got["obs"].untyped_storage().data_ptr() == got["next_obs"].untyped_storage().data_ptr()
+    out = {k: torch.empty_like(v.contiguous()) for k, v in got.items()}
+    sep = store.read(idx, out=out)  # the separate gathers (out given)
+    assert sep["obs"].untyped_storage().data_ptr() != sep["next_obs"].untyped_storage().data_ptr()
+    for k in got:
+        torch.testing.assert_close(got[k], sep[k], msg=k)
+    assert not store.lanes.shifts_by_one(idx[:1], idx[:1])  # not a successor: separate gathers
+
+
 def test_frame_stack_history_overwritten_by_the_ring_is_not_a_valid_start():
     store = make(1, 5, k=3)  # lane of 5 slots
     sim = VecSim(1, 3, "next_step", False)

@@ -17,7 +17,7 @@ from rlstash.agents.actions import (
 )
 from rlstash.agents.base import Agent, AgentBase, check_batch
 from rlstash.agents.dqn import DQN, DQNConfig
-from rlstash.agents.history import HistorySummarizer, HistoryWindow
+from rlstash.agents.history import HistorySummarizer, HistoryWindow, transitions_from_windows
 from rlstash.agents.sac import SAC, SACConfig
 from rlstash.agents.sac_discrete import DiscreteSAC, DiscreteSACConfig
 from rlstash.agents.schedules import ConstantSchedule, LinearSchedule, epsilon_schedule
@@ -40,6 +40,7 @@ __all__ = [
     "EmbeddingActionHead",
     "HistorySummarizer",
     "HistoryWindow",
+    "transitions_from_windows",
     "LinearActionHead",
     "LinearSchedule",
     "SACConfig",

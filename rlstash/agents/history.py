@@ -121,3 +121,37 @@ class HistoryWindow:
             self.cursor + torch.arange(self.window, device=self.ring.device)
         ) % self.window  # [k]
         return self.ring.index_select(1, order)
+
+
+def transitions_from_windows(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Windowed transitions for a history agent from a sequence-sampler batch.
+
+    ``batch``: a :class:`~rlstash.sampler.SequenceSampler` sample of ``k`` consecutive 1-step
+    transitions per row (``obs`` and ``next_obs`` [B, k, obs_dim], the other fields [B, k, ...];
+    the sampler never lets a window cross an episode end). Returns the transition of each
+    window's last step with windowed observations:
+
+    - ``obs``: the window o_{t-k+1} .. o_t [B, k, obs_dim];
+    - ``next_obs``: o_{t-k+2} .. o_{t+1} (the window shifted by one step) [B, k, obs_dim];
+    - every other field: its value at step t ([B, ...]).
+
+    Feed it to an agent built with ``obs_shape=(k, obs_dim)`` and ``history_hidden > 0``.
+    Windows are whole (no padding): the first k - 1 steps of an episode only appear inside
+    windows, never as their last step. n-step reads are refused (their ``next_obs`` is not one
+    step ahead).
+    """
+    for key in ("obs", "next_obs"):
+        if key not in batch:
+            raise ValueError(f"batch: expected field {key!r} (a sequence-sampler sample)")
+    obs, nxt = batch["obs"], batch["next_obs"]
+    if obs.dim() != 3 or nxt.shape != obs.shape:
+        raise ValueError(
+            "batch['obs'], batch['next_obs']: expected windows [B, k, obs_dim] of equal shape, "
+            f"got {list(obs.shape)} and {list(nxt.shape)}"
+        )
+    if "discount" in batch and bool((batch["discount"] != batch["discount"][:, :1]).any()):
+        raise ValueError("batch['discount']: varies within a window; expected 1-step reads")
+    out = {k: v[:, -1] for k, v in batch.items() if k not in ("obs", "next_obs")}
+    out["obs"] = obs
+    out["next_obs"] = torch.cat([obs[:, 1:], nxt[:, -1:]], dim=1)
+    return out

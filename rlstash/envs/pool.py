@@ -168,20 +168,23 @@ class EnvPool(VectorEnv):
         """``num_workers="auto"``: time a few steps in-process and with worker processes."""
         inproc = InProcessBackend(fns, mode, restarts, rng)
         described = _start(inproc)
-        rate_in = _steps_per_second(inproc, described, len(fns))
         w = min(usable_cpus(), len(fns))
-        self.auto_timing = {"in_process": rate_in}
         chosen: Backend = inproc
-        if w >= 2:
+        if w < 2:
+            self.auto_timing = {"in_process": _StepTimer(inproc, described, len(fns)).rate()}
+        else:
             procs = processes(w)
             try:
                 _start(procs)
-                rate_procs = _steps_per_second(procs, described, len(fns))
+                # interleaved short rounds, medians: a burst of other load hits both alike
+                timers = [_StepTimer(b, described, len(fns)) for b in (inproc, procs)]
+                rounds = [[t.rate(budget=0.04) for t in timers] for _ in range(_AUTO_ROUNDS)]
+                rate_in, rate_procs = (float(np.median(r)) for r in zip(*rounds))
             except BaseException:
                 procs.close()
                 inproc.close()
                 raise
-            self.auto_timing[f"processes_{w}"] = rate_procs
+            self.auto_timing = {"in_process": rate_in, f"processes_{w}": rate_procs}
             chosen = procs if rate_procs > rate_in else inproc
             (inproc if chosen is procs else procs).close()
         where = f"{w} worker processes" if chosen is not inproc else "in-process (num_workers=0)"
@@ -475,23 +478,34 @@ def _pop_mask(options: dict | None, n: int) -> np.ndarray | None:
     return mask
 
 
-def _steps_per_second(backend: Backend, described: dict, n: int, budget: float = 0.15) -> float:
-    """Env steps per second of ``backend`` over about ``budget`` seconds (at least 3 steps)."""
-    space = batch_space(described["action_space"], n)
-    space.seed(0)
-    actions = flatten_value(space, space.sample(), "actions")
-    for view, a in zip(backend.shared.leaves("act"), actions):
-        np.copyto(view, np.asarray(a), casting="unsafe")
-    backend.reset([None] * n, None, None)
-    backend.step_async()
-    backend.step_wait(None)  # warm-up
-    steps, t0 = 0, time.perf_counter()
-    ended = backend.shared["terminated"] | backend.shared["truncated"]
-    while steps < 3 or (time.perf_counter() - t0 < budget and steps < 500):
-        if backend.mode == "disabled" and ended.any():  # type: ignore[attr-defined]
-            backend.reset([None] * n, None, ended)
+_AUTO_ROUNDS = 5  # num_workers="auto": interleaved timing rounds per candidate
+
+
+class _StepTimer:
+    """Times env steps of a started ``backend`` with random actions (reset and one warm-up
+    step on construction); ``rate()`` may be called repeatedly, interleaved with others."""
+
+    def __init__(self, backend: Backend, described: dict, n: int):
+        self.backend, self.n = backend, n
+        space = batch_space(described["action_space"], n)
+        space.seed(0)
+        actions = flatten_value(space, space.sample(), "actions")
+        for view, a in zip(backend.shared.leaves("act"), actions):
+            np.copyto(view, np.asarray(a), casting="unsafe")
+        backend.reset([None] * n, None, None)
         backend.step_async()
-        backend.step_wait(None)
-        np.logical_or(backend.shared["terminated"], backend.shared["truncated"], out=ended)
-        steps += 1
-    return steps * n / (time.perf_counter() - t0)
+        backend.step_wait(None)  # warm-up
+        self.ended = backend.shared["terminated"] | backend.shared["truncated"]
+
+    def rate(self, budget: float = 0.15) -> float:
+        """Env steps per second over about ``budget`` seconds (at least 3 steps, at most 500)."""
+        backend, ended = self.backend, self.ended
+        steps, t0 = 0, time.perf_counter()
+        while steps < 3 or (time.perf_counter() - t0 < budget and steps < 500):
+            if backend.mode == "disabled" and ended.any():  # type: ignore[attr-defined]
+                backend.reset([None] * self.n, None, ended)
+            backend.step_async()
+            backend.step_wait(None)
+            np.logical_or(backend.shared["terminated"], backend.shared["truncated"], out=ended)
+            steps += 1
+        return steps * self.n / (time.perf_counter() - t0)

@@ -348,6 +348,15 @@ class Lanes:
         )
         return base[:, None] + (pos[:, None] - back) % L  # [P, k]
 
+    def shifts_by_one(self, rows: np.ndarray, nxt: np.ndarray) -> bool:
+        """Whether every ``nxt`` is the slot right after ``rows`` in the same episode, so the
+        frames of ``nxt`` are those of ``rows`` shifted by one (frame_rows(nxt)[:, j] ==
+        frame_rows(rows)[:, j + 1], padding included: ep(nxt) = min(ep(rows) + 1, k - 1))."""
+        L = self.L
+        follows = nxt == rows // L * L + (rows % L + 1) % L
+        ep, ep_next = self.ep[rows].astype(np.int64), self.ep[nxt].astype(np.int64)
+        return bool(follows.all() and (ep_next == np.minimum(ep + 1, self.k - 1)).all())
+
     def window(self, starts: np.ndarray, length: int) -> np.ndarray:
         """Rows of ``length`` consecutive steps of each start's lane: [B] -> [B, length]."""
         s = np.asarray(starts, dtype=np.int64)
@@ -523,6 +532,15 @@ class StreamStorage:
         final-obs slots): the episode ends a sampler's ``on_write`` may track."""
         fl = self.lanes.flags[_index_array(index, self.capacity)]
         return {"terminated": (fl & _TERM) != 0, "truncated": (fl & _TRUNC) != 0}
+
+    def shifts_by_one(self, rows: np.ndarray, nxt: np.ndarray) -> bool:
+        """Whether every ``nxt`` is the slot right after ``rows`` in the same episode, so the
+        frames of ``nxt`` are those of ``rows`` shifted by one (frame_rows(nxt)[:, j] ==
+        frame_rows(rows)[:, j + 1], padding included: ep(nxt) = min(ep(rows) + 1, k - 1))."""
+        L = self.L
+        follows = nxt == rows // L * L + (rows % L + 1) % L
+        ep, ep_next = self.ep[rows].astype(np.int64), self.ep[nxt].astype(np.int64)
+        return bool(follows.all() and (ep_next == np.minimum(ep + 1, self.k - 1)).all())
 
     def window(self, starts: np.ndarray, length: int) -> np.ndarray:
         """Rows of ``length`` consecutive steps from each start, in its lane: [B] -> [B, length]."""
@@ -727,13 +745,22 @@ class StreamStorage:
             raise ValueError(f"out: missing fields {[k for k in self.sample_spec if k not in out]}")
         n, gamma = self.reads.n_step, float(self.reads.gamma)
         steps, m, last, nxt = self.lanes.nstep(flat)
+        # 1-step reads of frame stacks: next_obs's frames are obs's shifted by one slot, so one
+        # gather of k + 1 frames per row serves both (obs and next_obs are views of it)
+        shared = out is None and n == 1 and self.lanes.k > 1 and self.lanes.shifts_by_one(flat, nxt)
         req: dict[str, np.ndarray] = {}
         for k in self.slot_spec:
-            if k in self.obs_keys:
+            if k in self.obs_keys and shared:
+                req[k] = np.concatenate([self.lanes.frame_rows(flat), nxt[:, None]], axis=1)
+            elif k in self.obs_keys:
                 req[k], req["next_" + k] = self.lanes.frame_rows(flat), self.lanes.frame_rows(nxt)
             else:
                 req[k] = steps if k == "reward" and n > 1 else flat
         got = self._gather(req, out)
+        if shared:
+            for k in self.obs_keys:
+                win = got[k]  # [P, k + 1, *frame]
+                got[k], got["next_" + k] = win[:, :-1], win[:, 1:]
         if n > 1:
             w = np.where(np.arange(n) < m[:, None], gamma ** np.arange(n), 0.0)  # [P, n]
             r = got["reward"].reshape(w.shape)  # [P, n]

@@ -96,3 +96,51 @@ def test_dqn_with_history_encoder_over_windows():
     )
     with pytest.raises(ValueError, match="history_hidden"):
         DQN((6,), 4, DQNConfig(history_hidden=8))
+
+
+def test_dqn_learns_from_sequence_sampler_windows_of_a_replay_buffer():
+    """The sequence sampler feeds the history agent: windows of k steps inside one episode
+    become windowed transitions (next window = this one shifted by a step) and train DQN."""
+    import numpy as np
+
+    from rlstash.agents.history import transitions_from_windows
+    from rlstash.replay import ReplayBuffer
+    from rlstash.sampler import SequenceSampler
+    from rlstash.spec import Field, Spec
+    from rlstash.storage import StreamStorage
+
+    k, n_envs, T = 4, 2, 40
+    spec = Spec({"obs": Field((2,), torch.float32), "action": Field((), torch.int64)})
+    store = StreamStorage(spec, n_envs, 2 * 64, autoreset="same_step")
+    rb = ReplayBuffer(store, sampler=SequenceSampler(k), seed=0)
+    # obs = (episode id, step in episode); episodes of 9 steps end terminated
+    ep, t = np.zeros(n_envs), np.zeros(n_envs)
+    obs_list, terms, finals = [], [], []
+    for step in range(T):
+        obs_list.append(np.stack([ep, t], 1).copy())
+        end = t == 8
+        terms.append(end.copy())
+        finals.append(np.stack([ep, t + 1], 1).copy())
+        ep, t = np.where(end, ep + 1, ep), np.where(end, 0, t + 1)
+    batch = {
+        "obs": torch.tensor(np.stack(obs_list), dtype=torch.float32),  # [T, N, 2]
+        "action": torch.zeros(T, n_envs, dtype=torch.int64),
+        "reward": torch.ones(T, n_envs),
+        "terminated": torch.tensor(np.stack(terms)),
+        "truncated": torch.zeros(T, n_envs, dtype=torch.bool),
+        "final_obs": torch.tensor(np.stack(finals), dtype=torch.float32),
+    }
+    rb.extend(batch)
+    got = transitions_from_windows(rb.sample(32))
+    obs, nxt = got["obs"], got["next_obs"]
+    assert obs.shape == nxt.shape == (32, k, 2) and got["reward"].shape == (32,)
+    assert (obs[:, :, 0] == obs[:, :1, 0]).all()  # one episode per window
+    torch.testing.assert_close(obs[:, :, 1], obs[:, :1, 1] + torch.arange(float(k)))
+    torch.testing.assert_close(nxt[:, :, 1], obs[:, :, 1] + 1)  # shifted by one step
+    assert (got["terminated"] == (obs[:, -1, 1] == 8)).all()
+    agent = DQN((k, 2), 3, DQNConfig(net_arch=(16,), history_hidden=8, batch_size=32))
+    before = [p.clone() for p in agent.nets["q"].parameters()]
+    agent.update(got)
+    assert any(not torch.equal(a, b) for a, b in zip(before, agent.nets["q"].parameters()))
+    with pytest.raises(ValueError, match="next_obs"):
+        transitions_from_windows({"obs": obs})
