@@ -51,8 +51,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
-class SACConfig(ConfigMixin):
-    """SAC hyperparameters (defaults: Stable-Baselines3's; per-env presets in ``PRESETS``)."""
+class SACBaseConfig(ConfigMixin):
+    """Hyperparameters shared by :class:`SACConfig` and the discrete SAC's config
+    (Stable-Baselines3's SAC defaults)."""
 
     learning_rate: float = hp(3e-4, "Adam step size of actor, critics and temperature.")
     gamma: float = hp(0.99, "Discount per step; a batch's 'discount' field (gamma^n) overrides it.")
@@ -66,25 +67,34 @@ class SACConfig(ConfigMixin):
     tau: float = hp(0.005, "Polyak coefficient of the target critics.")
     target_update_interval: int = hp(1, "Updates between target-critic updates.")
     init_alpha: float = hp(1.0, "Initial entropy temperature alpha.")
-    autotune_alpha: bool = hp(True, "Learn alpha so that E[-log pi] tracks target_entropy.")
+    autotune_alpha: bool = hp(True, "Learn alpha so that the policy's entropy tracks its target.")
+    max_grad_norm: float | None = hp(None, "Clip each network's gradient L2 norm; None = off.")
+    seed: int = hp(0, "Seed of network init and the agent's torch generators.")
+
+    def __post_init__(self) -> None:
+        self.net_arch = tuple(getattr(self, "net_arch", ()))
+        check_common(self)
+        if not self.init_alpha > 0:
+            raise ValueError(f"init_alpha: expected > 0, got {self.init_alpha}")
+
+
+@dataclass
+class SACConfig(SACBaseConfig):
+    """SAC hyperparameters (defaults: Stable-Baselines3's; per-env presets in ``PRESETS``)."""
+
     target_entropy: float | None = hp(None, "Entropy target; None = -act_dim.")
     log_std_min: float = hp(-20.0, "Lower clamp of the actor's log standard deviation.")
     log_std_max: float = hp(2.0, "Upper clamp of the actor's log standard deviation.")
-    max_grad_norm: float | None = hp(None, "Clip each network's gradient L2 norm; None = off.")
     net_arch: tuple[int, ...] = hp((256, 256), "MLP hidden widths of actor and critics.")
-    seed: int = hp(0, "Seed of network init and the agent's torch generators.")
 
     PRESETS = PRESETS
 
     def __post_init__(self) -> None:
-        self.net_arch = tuple(self.net_arch)
-        check_common(self)
+        super().__post_init__()
         if not self.log_std_min < self.log_std_max:
             raise ValueError(
                 f"log_std_min: expected < log_std_max, got {self.log_std_min} >= {self.log_std_max}"
             )
-        if not self.init_alpha > 0:
-            raise ValueError(f"init_alpha: expected > 0, got {self.init_alpha}")
 
 
 def squashed_log_prob(u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:

@@ -39,58 +39,39 @@ from rlstash.agents.actions import (
 from rlstash.agents.base import (
     AgentBase,
     Batch,
-    ConfigMixin,
     adam,
     check_batch,
-    check_common,
     hp,
     optimize,
     seeded_init,
 )
 from rlstash.agents.nets import LogAlpha, make_discrete_net, polyak_update
+from rlstash.agents.sac import SACBaseConfig
 
 PRESETS: dict[str, dict[str, Any]] = {}
 
 
 @dataclass
-class DiscreteSACConfig(ConfigMixin):
+class DiscreteSACConfig(SACBaseConfig):
     """Discrete-SAC hyperparameters (SAC defaults of Stable-Baselines3 where they apply)."""
 
-    learning_rate: float = hp(3e-4, "Adam step size of actor, critics and temperature.")
-    gamma: float = hp(0.99, "Discount per step; a batch's 'discount' field (gamma^n) overrides it.")
-    batch_size: int = hp(256, "Transitions per update (read by the training loop).")
-    buffer_size: int = hp(1_000_000, "Replay capacity in transitions (read by the training loop).")
-    learning_starts: int = hp(100, "Env steps collected before the first update (training loop).")
-    train_freq: int = hp(1, "Env steps between rounds of updates (training loop).")
-    gradient_steps: int = hp(1, "Updates per round (training loop).")
-    n_steps: int = hp(1, "n of n-step returns; the storage rebuilds them on read.")
-    total_steps: int = hp(1_000_000, "Env steps of the run (training loop).")
-    tau: float = hp(0.005, "Polyak coefficient of the target critics.")
-    target_update_interval: int = hp(1, "Updates between target-critic updates.")
-    init_alpha: float = hp(1.0, "Initial entropy temperature alpha.")
-    autotune_alpha: bool = hp(True, "Learn alpha so that the policy entropy tracks its target.")
     target_entropy_ratio: float = hp(0.5, "Entropy target = ratio * log(#available actions).")
     target_entropy: float | None = hp(None, "Fixed entropy target in nats (overrides the ratio).")
-    max_grad_norm: float | None = hp(None, "Clip each network's gradient L2 norm; None = off.")
     net_arch: tuple[int, ...] = hp((256, 256), "MLP hidden widths (unused after the Nature CNN).")
     action_head: str = hp("linear", "'linear' (a weight row per action) or 'embedding'.")
     action_embed_dim: int = hp(64, "Learned action-embedding width (embedding head, no features).")
     learn_action_embeddings: bool = hp(True, "Learn the action table; False keeps features fixed.")
     action_chunk: int = hp(8192, "Actions scored per chunk; extra memory O(batch * chunk).")
     history_hidden: int = hp(0, "LSTM width over (k, obs_dim) windows; 0 = no LSTM.")
-    seed: int = hp(0, "Seed of network init and the agent's torch generators.")
 
     PRESETS = PRESETS
 
     def __post_init__(self) -> None:
-        self.net_arch = tuple(self.net_arch)
-        check_common(self)
+        super().__post_init__()
         if not 0.0 <= self.target_entropy_ratio <= 1.0:
             raise ValueError(
                 f"target_entropy_ratio: expected a value in [0, 1], got {self.target_entropy_ratio}"
             )
-        if not self.init_alpha > 0:
-            raise ValueError(f"init_alpha: expected > 0, got {self.init_alpha}")
 
 
 class DiscreteSAC(AgentBase):
