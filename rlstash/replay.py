@@ -108,7 +108,8 @@ class ReplayBuffer:
 
         fast = isinstance(storage, ArrayStorage)  # TensorStorage, MemmapStorage
         self._rows_at = getattr(storage, "valid", None) is not None or hasattr(storage, "window")
-        self._gather = storage.gather if fast else None
+        # ArrayStorage.gather: no bounds check; StreamStorage.gather: no validity re-check
+        self._gather = getattr(storage, "gather", None) if fast or placed else None
         self._exact = storage.exact_sources if fast else None
         self._put = storage.put if fast else None
         self._set_cursor = getattr(storage, "set_cursor", None)

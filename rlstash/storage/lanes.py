@@ -203,6 +203,13 @@ class Lanes:
         step ``t + m - 1`` [P] and the bootstrap slot's row [P]."""
         L, n = self.L, self.n
         base, pos = flat // L * L, flat % L
+        if n == 1:  # one step: m = 1, its own flags, the next slot
+            return (
+                flat[:, None],
+                np.ones(flat.shape, np.int64),
+                self.flags[flat],
+                base + (pos + 1) % L,
+            )
         steps = base[:, None] + (pos[:, None] + np.arange(n)) % L  # [P, n]
         d = (self.flags[steps] & DONE) != 0
         m = np.where(d.any(1), d.argmax(1) + 1, n)  # [P]

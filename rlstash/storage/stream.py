@@ -524,6 +524,16 @@ class StreamStorage:
             )
         if out is not None and any(k not in out for k in self.sample_spec):
             raise ValueError(f"out: missing fields {[k for k in self.sample_spec if k not in out]}")
+        return self._rebuild(idx, out)
+
+    def gather(self, index: np.ndarray) -> Batch:
+        """:meth:`read` of starts a built-in sampler just drew from ``valid`` (an int64 array
+        [B]), without re-checking them: the replay buffer's hot path, under its lock."""
+        self._check_open()
+        return self._rebuild(index, None)
+
+    def _rebuild(self, idx: np.ndarray, out: Batch | None) -> Batch:
+        flat = idx.reshape(-1)
         n, gamma = self.reads.n_step, float(self.reads.gamma)
         steps, m, last, nxt = self.lanes.nstep(flat)
         # 1-step reads of frame stacks: next_obs's frames are obs's shifted by one slot, so one
@@ -553,7 +563,10 @@ class StreamStorage:
         got["truncated"] = self._dev((last & TRUNC) != 0)
         got["done"] = got["terminated"] | got["truncated"]
         got["discount"] = self._dev((gamma**m).astype(np.float32))
-        res = {k: v.reshape(*idx.shape, *v.shape[1:]) for k, v in got.items()}
+        if idx.ndim == 1:
+            res = got
+        else:
+            res = {k: v.reshape(*idx.shape, *v.shape[1:]) for k, v in got.items()}
         if out is None:
             return res
         for k, v in res.items():

@@ -116,7 +116,7 @@ def test_dqn_learns_from_sequence_sampler_windows_of_a_replay_buffer():
     # obs = (episode id, step in episode); episodes of 9 steps end terminated
     ep, t = np.zeros(n_envs), np.zeros(n_envs)
     obs_list, terms, finals = [], [], []
-    for step in range(T):
+    for _ in range(T):
         obs_list.append(np.stack([ep, t], 1).copy())
         end = t == 8
         terms.append(end.copy())
