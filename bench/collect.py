@@ -56,15 +56,6 @@ MUJOCO_DEPS = ("imageio", "packaging")  # gymnasium.envs.mujoco imports them
 sys.path.insert(0, str(HERE))
 
 
-def _ensure_bench_venv() -> None:
-    """Re-execute under .venv-bench (set it up first when missing)."""
-    if Path(sys.prefix).resolve() == VENV_PY.parent.parent.resolve():
-        return
-    if not VENV_PY.exists():
-        subprocess.check_call([sys.executable, str(HERE / "setup_env.py")])
-    os.execv(str(VENV_PY), [str(VENV_PY), str(Path(__file__).resolve()), *sys.argv[1:]])
-
-
 def _ensure_mujoco_deps() -> None:
     """pip-install what gymnasium's MuJoCo envs import, when missing (torch stays pinned)."""
     import importlib.util
@@ -494,5 +485,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    _ensure_bench_venv()
+    from bench_venv import ensure_bench_venv
+
+    ensure_bench_venv(__file__)
     sys.exit(main())

@@ -75,15 +75,6 @@ PATIENCE = 5  # rlstash train's default: evaluations in a row at or above the th
 LIBS = ("rlstash", "sb3")
 
 
-def _ensure_bench_venv() -> None:
-    """Re-execute under .venv-bench (set it up first when missing)."""
-    if Path(sys.prefix).resolve() == VENV_PY.parent.parent.resolve():
-        return
-    if not VENV_PY.exists():
-        subprocess.check_call([sys.executable, str(HERE / "setup_env.py")])
-    os.execv(str(VENV_PY), [str(VENV_PY), str(Path(__file__).resolve()), *sys.argv[1:]])
-
-
 # ----------------------------------------------------------------------------- workers
 
 
@@ -391,7 +382,9 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
-    _ensure_bench_venv()
+    from bench_venv import ensure_bench_venv
+
+    ensure_bench_venv(__file__)
     parts = [p for p in args.parts.split(",") if p]
     unknown = sorted(set(parts) - {*TASKS, "contextual"})
     if unknown:

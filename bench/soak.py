@@ -37,17 +37,6 @@ SETTLED_AT = 200_000  # flatness is judged from this sample on
 RSS_GROWTH = 0.05
 
 
-def _ensure_bench_venv() -> None:
-    """Re-execute under .venv-bench (set it up first when missing)."""
-    if Path(sys.prefix).resolve() == VENV_PY.parent.parent.resolve():
-        return
-    if not VENV_PY.exists():
-        import subprocess
-
-        subprocess.check_call([sys.executable, str(HERE / "setup_env.py")])
-    os.execv(str(VENV_PY), [str(VENV_PY), str(Path(__file__).resolve()), *sys.argv[1:]])
-
-
 # ----------------------------------------------------------------------------- probes
 
 
@@ -339,5 +328,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    _ensure_bench_venv()
+    from bench_venv import ensure_bench_venv
+
+    ensure_bench_venv(__file__)
     sys.exit(main())

@@ -65,15 +65,6 @@ FRAME_BYTES = FRAME[0] * FRAME[1]
 PEERS = ("rlstash", "torchrl-stacked", "torchrl-catframes", "sb3", "sb3-optimized")
 
 
-def _ensure_bench_venv() -> None:
-    """Re-execute under .venv-bench (set it up first when missing)."""
-    if Path(sys.prefix).resolve() == VENV_PY.parent.parent.resolve():
-        return
-    if not VENV_PY.exists():
-        subprocess.check_call([sys.executable, str(HERE / "setup_env.py")])
-    os.execv(str(VENV_PY), [str(VENV_PY), str(Path(__file__).resolve()), *sys.argv[1:]])
-
-
 # ----------------------------------------------------------------------------- data
 
 
@@ -1020,5 +1011,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    _ensure_bench_venv()
+    from bench_venv import ensure_bench_venv
+
+    ensure_bench_venv(__file__)
     sys.exit(main())
