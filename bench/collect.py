@@ -474,14 +474,9 @@ def main(argv: list[str] | None = None) -> int:
         WORK.mkdir(parents=True, exist_ok=True)
         last.write_text(json.dumps({"info": info, "results": results, "args": kept}))
     text, failed = render(results, info, args)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(text)
-    print(f"[collect] wrote {out}", flush=True)
-    if failed:
-        print(f"[collect] FAILED peers: {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed else 0
+    from common import publish
+
+    return publish(text, args.out, "collect", failed)
 
 
 if __name__ == "__main__":

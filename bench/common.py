@@ -288,3 +288,16 @@ def machine_info() -> dict[str, object]:
 def header_lines(info: Mapping[str, object]) -> list[str]:
     """Machine info as markdown bullet lines."""
     return [f"- {key}: {value}" for key, value in info.items()]
+
+
+def publish(text: str, out: str | Path, tag: str, failed: Sequence[str]) -> int:
+    """Write a report to ``out`` (parents created), print it, say where it went and which
+    peers failed; the exit code (1 when any failed)."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(text)
+    print(f"[{tag}] wrote {path}", flush=True)
+    if failed:
+        print(f"[{tag}] FAILED peers: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0

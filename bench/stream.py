@@ -1000,14 +1000,9 @@ def main(argv: list[str] | None = None) -> int:
     info["load_average_1m_end"] = round(os.getloadavg()[0], 2)
     info["wall_time_s"] = round(time.time() - start)
     text, failed = render(results, info, args)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(text)
-    print(f"[stream] wrote {out}", flush=True)
-    if failed:
-        print(f"[stream] FAILED: {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed else 0
+    from common import publish
+
+    return publish(text, args.out, "stream", failed)
 
 
 if __name__ == "__main__":
