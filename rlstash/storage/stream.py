@@ -314,15 +314,6 @@ class StreamStorage:
         fl = self.lanes.flags[_index_array(index, self.capacity)]
         return {"terminated": (fl & TERM) != 0, "truncated": (fl & TRUNC) != 0}
 
-    def shifts_by_one(self, rows: np.ndarray, nxt: np.ndarray) -> bool:
-        """Whether every ``nxt`` is the slot right after ``rows`` in the same episode, so the
-        frames of ``nxt`` are those of ``rows`` shifted by one (frame_rows(nxt)[:, j] ==
-        frame_rows(rows)[:, j + 1], padding included: ep(nxt) = min(ep(rows) + 1, k - 1))."""
-        L = self.L
-        follows = nxt == rows // L * L + (rows % L + 1) % L
-        ep, ep_next = self.ep[rows].astype(np.int64), self.ep[nxt].astype(np.int64)
-        return bool(follows.all() and (ep_next == np.minimum(ep + 1, self.k - 1)).all())
-
     def window(self, starts: np.ndarray, length: int) -> np.ndarray:
         """Rows of ``length`` consecutive steps from each start, in its lane: [B] -> [B, length]."""
         return self.lanes.window(starts, length)
