@@ -18,8 +18,10 @@ ALGOS = ("dqn", "sac")
 STORAGES = ("ram", "disk", "tiered")
 
 
-def env_spaces(env_id: str) -> tuple[Any, Any, float | None]:
-    """(observation space, action space, reward threshold) of one env, or a clear error."""
+def env_spaces(env_id: str, history: int = 0) -> tuple[Any, Any, float | None]:
+    """(observation space, action space, reward threshold) of one env, or a clear error.
+    With ``history`` = k > 0 the observation space is that of windows of the last k
+    observations (:func:`rlstash.envs.history.make_windowed`); plain 1-D Box observations only."""
     import gymnasium as gym
 
     try:
@@ -32,24 +34,52 @@ def env_spaces(env_id: str) -> tuple[Any, Any, float | None]:
         raise ValueError(f"env: {env_id!r} needs a package that is missing: {exc}") from None
     try:
         threshold = env.spec.reward_threshold if env.spec is not None else None
-        return env.observation_space, env.action_space, threshold
+        obs_space, act_space = env.observation_space, env.action_space
     finally:
         env.close()
+    if history:
+        if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+            raise ValueError(
+                f"history: needs 1-D Box observations, env {env_id} has {obs_space}; "
+                "drop --history or flatten the observations"
+            )
+        from rlstash.envs.history import make_windowed
+
+        windowed = make_windowed(env_id, history)
+        obs_space = windowed.observation_space
+        windowed.close()
+    return obs_space, act_space, threshold
 
 
-def make_vec_env(env_id: str, num_envs: int, workers: int | str, seed: int | None) -> Any:
+def _factory(env_id: str, history: int) -> Any:
+    """An env id, or a picklable factory of windowed envs (its module is torch-free)."""
+    if not history:
+        return env_id
+    import functools
+
+    from rlstash.envs.history import make_windowed
+
+    return functools.partial(make_windowed, env_id, history)
+
+
+def make_vec_env(
+    env_id: str, num_envs: int, workers: int | str, seed: int | None, history: int = 0
+) -> Any:
     """A vectorized env: rlstash's EnvPool (``workers=0`` steps in-process)."""
     from rlstash.envs import EnvPool
 
-    return EnvPool(env_id, num_envs=num_envs, num_workers=workers, seed=seed)
+    return EnvPool(_factory(env_id, history), num_envs=num_envs, num_workers=workers, seed=seed)
 
 
-def make_eval_env(env_id: str, num_envs: int) -> Any:
+def make_eval_env(env_id: str, num_envs: int, history: int = 0) -> Any:
     """Evaluation envs stepped in-process (evaluation is short and must not disturb training)."""
     import gymnasium as gym
     from gymnasium.vector import SyncVectorEnv
 
-    return SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)])
+    make = _factory(env_id, history)
+    if isinstance(make, str):
+        return SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)])
+    return SyncVectorEnv([make for _ in range(num_envs)])
 
 
 def make_agent(
@@ -59,9 +89,20 @@ def make_agent(
     act_space: Any,
     device: torch.device,
     overrides: dict[str, Any],
+    history: int = 0,
 ) -> Any:
-    """DQN or SAC (continuous or discrete, by the action space) with the env's preset."""
+    """DQN or SAC (continuous or discrete, by the action space) with the env's preset.
+    With ``history`` > 0 the agent reads observation windows through an LSTM
+    (``history_hidden``, default 64)."""
     from gymnasium import spaces
+
+    if history:
+        if algo == "sac" and not isinstance(act_space, spaces.Discrete):
+            raise ValueError(
+                f"history: needs a Discrete action space (dqn or discrete sac), env {env_id} has "
+                f"{act_space}; drop --history"
+            )
+        overrides = {"history_hidden": 64, **overrides}
 
     if algo not in ALGOS:
         raise ValueError(f"algo: expected one of {ALGOS}, got {algo!r}")
@@ -125,14 +166,17 @@ def make_buffer(
     gamma: float,
     seed: int,
     learner_device: torch.device,
+    history: int = 0,
 ) -> ReplayBuffer:
-    """A stream-layout replay buffer (each byte once) on RAM, disk, or GPU-hot/disk-cold tiers."""
+    """A stream-layout replay buffer (each byte once) on RAM, disk, or GPU-hot/disk-cold tiers.
+    With ``history`` = k > 0 observations arrive as windows [k, ...] and only the newest of each
+    is stored; reads rebuild the windows."""
     from rlstash.storage import MemmapStorage, ReadSpec, StreamStorage, TensorStorage, TieredStorage
 
     if storage not in STORAGES:
         raise ValueError(f"storage: expected one of {STORAGES}, got {storage!r}")
     capacity = max(num_envs, capacity // num_envs * num_envs)
-    reads = ReadSpec(n_step=n_step, gamma=gamma)
+    reads = ReadSpec(n_step=n_step, gamma=gamma, frame_stack=history or 1)
     if storage == "ram":
         backing: Any = "ram"
     elif storage == "disk":
@@ -147,8 +191,9 @@ def make_buffer(
     path = run_dir / "buffer" if storage == "disk" else None
     device = buffer_device if storage == "ram" else "cpu"
     st = StreamStorage(
-        spec, num_envs, capacity, backing=backing, device=device, path=path, reads=reads
-    )
+        spec, num_envs, capacity, backing=backing, device=device, path=path, reads=reads,
+        stacked_input=bool(history),
+    )  # fmt: skip
     return ReplayBuffer(st, seed=seed, device=learner_device)
 
 

@@ -22,13 +22,15 @@ def evaluate_run(
         )
     state = checkpoint.load_state(ckpt)
     cfg = state["config"]
-    obs_space, act_space, _ = builders.env_spaces(cfg["env"])
+    history = int(cfg.get("history", 0))
+    obs_space, act_space, _ = builders.env_spaces(cfg["env"], history)
     agent = builders.make_agent(
-        cfg["algo"], cfg["env"], obs_space, act_space, torch.device(device), dict(cfg["agent"])
-    )
+        cfg["algo"], cfg["env"], obs_space, act_space, torch.device(device), dict(cfg["agent"]),
+        history,
+    )  # fmt: skip
     agent.load_state_dict(state["agent"])
     n = min(episodes, 10)
-    env = builders.make_eval_env(cfg["env"], n)
+    env = builders.make_eval_env(cfg["env"], n, history)
     try:
         collector = Collector(env, agent.act, n, device=agent.act_device)
         return collector.rollout(agent, episodes=episodes, deterministic=True, seed=seed)

@@ -56,6 +56,7 @@ class TrainConfig:
     patience: int = 5  # evaluations in a row at or above the threshold
     quiet: bool = False  # plain log lines instead of a progress bar
     torch_threads: int = 1  # small networks are fastest on one thread
+    history: int = 0  # > 0: the agent sees windows of the last k observations through an LSTM
     agent: dict[str, Any] = field(default_factory=dict)  # agent config overrides
 
     def __post_init__(self) -> None:
@@ -71,6 +72,10 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        if isinstance(self.history, bool) or not isinstance(self.history, int) or self.history < 0:
+            raise ValueError(f"history: expected an int >= 0 (0 = off), got {self.history!r}")
+        if self.history == 1:
+            raise ValueError("history: expected 0 (off) or a window of >= 2 observations, got 1")
         if self.storage not in builders.STORAGES:
             raise ValueError(f"storage: expected one of {builders.STORAGES}, got {self.storage!r}")
         if self.algo not in builders.ALGOS:
@@ -94,7 +99,7 @@ class _Run:
     def __init__(self, cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None) -> None:
         torch.set_num_threads(cfg.torch_threads)
         self.cfg, self.run_dir = cfg, run_dir
-        obs_space, act_space, threshold = builders.env_spaces(cfg.env)
+        obs_space, act_space, threshold = builders.env_spaces(cfg.env, cfg.history)
         self.threshold = (
             cfg.threshold
             if cfg.threshold is not None
@@ -102,7 +107,7 @@ class _Run:
         )
         self.device = builders.resolve_learner_device(cfg.device)
         self.agent = builders.make_agent(
-            cfg.algo, cfg.env, obs_space, act_space, self.device, dict(cfg.agent)
+            cfg.algo, cfg.env, obs_space, act_space, self.device, dict(cfg.agent), cfg.history
         )
         acfg = self.agent.config
         if state is not None:
@@ -112,6 +117,7 @@ class _Run:
             self.rb = builders.make_buffer(
                 builders.step_spec(obs_space, act_space), cfg.envs, acfg.buffer_size, cfg.storage, run_dir,
                 builders.resolve_learner_device(cfg.buffer_device), acfg.n_steps, acfg.gamma, cfg.seed, self.device,
+                cfg.history,
             )  # fmt: skip
         steps_per_collect = max(1, acfg.train_freq // cfg.envs)
         self.frames_per_collect = steps_per_collect * cfg.envs
@@ -121,7 +127,7 @@ class _Run:
             batch_size=acfg.batch_size,
             insert_chunk=self.frames_per_collect,
         )
-        self.env = builders.make_vec_env(cfg.env, cfg.envs, cfg.workers, seed=None)
+        self.env = builders.make_vec_env(cfg.env, cfg.envs, cfg.workers, None, cfg.history)
         seed = cfg.seed + (state["step"] if state else 0)
         self.collector = Collector(
             self.env,
@@ -132,7 +138,7 @@ class _Run:
         )
         n_eval = min(cfg.eval_episodes, 10)
         self.eval_collector = Collector(
-            builders.make_eval_env(cfg.env, n_eval),
+            builders.make_eval_env(cfg.env, n_eval, cfg.history),
             self.agent.act,
             n_eval,
             device=self.agent.act_device,

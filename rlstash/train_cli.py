@@ -124,6 +124,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--run-dir", dest="run_dir", default=None, help="parent directory of runs (default runs)"
     )
     t.add_argument("--name", default=None, help="run name (default <algo>-<env>-s<seed>)")
+    t.add_argument(
+        "--history",
+        type=int,
+        default=None,
+        metavar="K",
+        help="feed the agent windows of the last K observations through an LSTM (0 = off)",
+    )
     t.add_argument("--eval-every", dest="eval_every", type=int, default=None)
     t.add_argument("--eval-episodes", dest="eval_episodes", type=int, default=None)
     t.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=None)

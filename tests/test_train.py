@@ -105,6 +105,8 @@ def test_existing_run_is_not_overwritten(tmp_path: Path) -> None:
         (["--algo", "dqn", "--env", "Pendulum-v1"], ["Discrete", "--algo sac"]),
         (["--set", "learning_rate=-1"], ["learning_rate", "-1"]),
         (["--set", "no_such_setting=1"], ["no_such_setting"]),
+        (["--history", "1"], ["history", "got 1"]),
+        (["--history", "4", "--algo", "sac", "--env", "Pendulum-v1"], ["history", "Discrete"]),
     ],
 )
 def test_bad_config_is_one_line_before_training(
@@ -257,3 +259,43 @@ def test_unknown_lr_schedule_is_refused() -> None:
 
     with pytest.raises(ValueError, match="lr_schedule: expected 'constant' or 'linear'"):
         DQNConfig(lr_schedule="cosine")
+
+
+def test_history_window_run_stores_each_observation_once(tmp_path: Path) -> None:
+    """--history 4: the envs return windows of the last 4 observations (FrameStackObservation,
+    padding with the episode's first one), the agent reads them through its LSTM, and the
+    stream buffer stores only the newest observation of each window and rebuilds the rest."""
+    cfg = TrainConfig(steps=256, eval_every=256, eval_episodes=2, quiet=True, device="cpu",
+                      run_dir=str(tmp_path), name="h", history=4,
+                      agent=dict(TINY_DQN, history_hidden=8, n_steps=1))  # fmt: skip
+    result = train(cfg)
+    assert result.steps == 256 and len(_rows(tmp_path / "h" / "eval.csv")) == 1
+    state = checkpoint.load_state(tmp_path / "h" / "checkpoint")
+    assert state["config"]["history"] == 4
+    assert any("lstm" in k for k in state["agent"]["nets"]["q"])
+    rb = ReplayBuffer.load(tmp_path / "h" / "checkpoint" / "buffer.pt")
+    try:
+        store = rb.storage
+        assert store.stacked_input and store.reads.frame_stack == 4
+        assert tuple(store.slot_spec["obs"].shape) == (4,)  # one CartPole obs per slot
+        b = rb.sample(32)
+        assert b["obs"].shape == b["next_obs"].shape == (32, 4, 4)
+        live = ~b["done"]  # a window's next window is it shifted by one step
+        torch.testing.assert_close(b["next_obs"][live, :-1], b["obs"][live, 1:])
+    finally:
+        rb.close()
+    assert main(["eval", str(tmp_path / "h"), "--episodes", "2"]) == 0
+
+
+def test_history_env_workers_stay_torch_free() -> None:
+    from rlstash import builders
+
+    pool = builders.make_vec_env("CartPole-v1", 2, 1, 0, history=3)
+    try:
+        obs, _ = pool.reset(seed=0)
+        assert obs.shape == (2, 3, 4)
+        assert (obs[:, 0] == obs[:, 2]).all()  # the first obs repeated at an episode start
+        infos = pool.worker_info()
+        assert infos and not [m for i in infos for m in i["modules"] if m.split(".")[0] == "torch"]
+    finally:
+        pool.close()

@@ -1,0 +1,23 @@
+"""Observation windows for history agents (torch-free: env workers import this module).
+
+``make_windowed(env_id, k)`` is ``gym.make(env_id)`` wrapped in gymnasium's
+``FrameStackObservation(k, padding_type="reset")``: each observation is the env's last k
+observations ``[k, *obs_shape]``, oldest first, the start of an episode padded with its first
+observation. That is exactly how :class:`~rlstash.storage.StreamStorage` rebuilds frame
+stacks, so a stream buffer with ``stacked_input=True`` stores each observation once and
+samples the very windows the policy acted on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def make_windowed(env_id: str, window: int, **kwargs: Any) -> Any:
+    """``gym.make(env_id, **kwargs)`` whose observations are windows of the last ``window``."""
+    import gymnasium as gym
+    from gymnasium.wrappers import FrameStackObservation
+
+    if isinstance(window, bool) or not isinstance(window, int) or window < 2:
+        raise ValueError(f"window: expected an int >= 2, got {window!r}")
+    return FrameStackObservation(gym.make(env_id, **kwargs), window, padding_type="reset")
