@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlstash.collect.async_fleet import Fleet, Launcher, Sizes
+from rlstash.collect.async_fleet import Fleet, Sizes, make_launcher
 from rlstash.collect.async_layout import STEP_FIELDS
 from rlstash.collect.sync import EpisodeStats
 from rlstash.envs import config
@@ -143,7 +143,7 @@ class AsyncCollector:
         _check_limiter(rate_limiter)
         rng = np.random.default_rng(self._seed)
         sizes = Sizes(T, K, mode, timeout)
-        launcher = Launcher(method, child_environ())
+        launcher = make_launcher(method, child_environ())
         groups = [fns[w * n : (w + 1) * n] for w in range(W)]
         self._fleet = Fleet(groups, policy_factory, sizes, launcher, restarts, rng)
         self._finalizer = weakref.finalize(self, self._fleet.close)

@@ -1,7 +1,7 @@
 """The AsyncCollector's worker processes and their chunk rings, seen from the collector.
 
 Reuses the env pool's primitives: anonymous shared memory (:func:`create_segment`), process
-start with CUDA hidden and SIGINT ignored (:func:`start_python`, :class:`ForkServerClient`,
+start with CUDA hidden and SIGINT ignored (:class:`Launcher`, :class:`ForkServerClient`,
 :class:`WorkerProcess`), stopping (CLOSE, wait, SIGKILL, reap), restart accounting and
 :class:`WorkerFailedError` (:class:`Backend`).
 
@@ -42,8 +42,7 @@ from rlstash.collect.async_worker import BOOT_CODE
 from rlstash.envs import protocol as P
 from rlstash.envs.backend import Backend
 from rlstash.envs.errors import WorkerFailedError
-from rlstash.envs.forkserver import ForkServerClient
-from rlstash.envs.launch import WorkerProcess, start_python
+from rlstash.envs.launch import Launcher, WorkerProcess
 from rlstash.envs.procpool import CLOSE_TIMEOUT, START_TIMEOUT, ProcessBackend, describe_exit
 from rlstash.envs.shm import SharedArrays, create_segment, resize_segment
 
@@ -56,62 +55,22 @@ class Failure(Exception):
         self.reason, self.error = reason, error
 
 
-class Launcher:
-    """Starts workers: ``forkserver`` (a server that imported torch once with CUDA hidden
-    forks each worker; restarts are cheap) or ``spawn`` (a fresh interpreter each)."""
-
-    def __init__(self, method: str, environ: Mapping[str, str]) -> None:
-        self.method, self.env = method, dict(environ)
-        self.server: ForkServerClient | None = None
-
-    def start(self, mem_fd: int) -> WorkerProcess:
-        cmd_r, cmd_w = os.pipe()
-        reply_r, reply_w = os.pipe()
-        fds = [cmd_r, reply_w, mem_fd]
-        try:
-            if self.method == "forkserver":
-                pid, reaper = self._fork(fds)
-            else:
-                code = BOOT_CODE + (
-                    "from rlstash.collect.async_worker import main; "
-                    f"main({cmd_r}, {reply_w}, {mem_fd}, _found)"
-                )
-                reaper = start_python(code, fds, self.env)
-                pid = reaper.pid
-        except BaseException:
-            for fd in (cmd_r, cmd_w, reply_r, reply_w):
-                os.close(fd)
-            raise
-        os.close(cmd_r)
-        os.close(reply_w)
-        return WorkerProcess(pid, cmd_w, reply_r, reaper)
-
-    def _fork(self, fds: list[int]) -> tuple[int, ForkServerClient]:
-        for attempt in (0, 1):
-            if self.server is None or not self.server.alive():
-                if self.server is not None:
-                    self.server.close()
-                self.server = ForkServerClient(self._start_server)
-            try:
-                return self.server.fork(fds), self.server
-            except (OSError, EOFError):
-                self.server.close()
-                self.server = None
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
-
-    def _start_server(self, code: str, fds: list[int]) -> Any:
-        # our server boots torch (CUDA hidden) first, then runs the env pool's server loop
-        code = BOOT_CODE + (
-            f"from rlstash.collect.async_worker import server_main; server_main({fds[0]}, _found)"
-        )
-        return start_python(code, fds, self.env)
-
-    def close(self) -> None:
-        server, self.server = self.server, None
-        if server is not None:
-            server.close()
+def make_launcher(method: str, environ: Mapping[str, str]) -> Launcher:
+    """The env pool's :class:`Launcher` with the collector's programs: a spawned worker and
+    the fork server both import torch (CUDA hidden) first (``BOOT_CODE``), so with
+    ``forkserver`` torch is imported once and restarts are cheap."""
+    return Launcher(
+        method,
+        environ,
+        spawn_code=lambda c, r, m: (
+            BOOT_CODE
+            + f"from rlstash.collect.async_worker import main; main({c}, {r}, {m}, _found)"
+        ),
+        server_code=lambda fds: (
+            BOOT_CODE
+            + f"from rlstash.collect.async_worker import server_main; server_main({fds[0]}, _found)"
+        ),
+    )
 
 
 class Handle:

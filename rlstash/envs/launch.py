@@ -21,7 +21,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import rlstash
 from rlstash.envs.forkserver import ForkServerClient
@@ -141,7 +142,17 @@ def _waitpid(pid: int, timeout: float) -> int | None:
 class Launcher:
     """Starts workers with one start method; owns the fork server if there is one."""
 
-    def __init__(self, method: str, env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        method: str,
+        env: Mapping[str, str],
+        spawn_code: Callable[[int, int, int], str] | None = None,
+        server_code: Callable[[list[int]], str] | None = None,
+    ) -> None:
+        """``spawn_code(cmd_fd, reply_fd, mem_fd)``: the ``python -c`` program of a spawned
+        worker; ``server_code(fds)``: that of the fork server. Defaults: the env pool's worker
+        (:mod:`rlstash.envs.worker`) and fork server. The AsyncCollector passes its own, which
+        import torch (CUDA hidden) first."""
         if method not in START_METHODS:
             raise ValueError(f"start_method: expected one of {START_METHODS}, got {method!r}")
         if os.name != "posix":  # pragma: no cover - pipes and descriptor passing need POSIX
@@ -152,6 +163,10 @@ class Launcher:
         self.method = method
         self.env = dict(env)
         self.server: ForkServerClient | None = None
+        self.spawn_code = spawn_code or (
+            lambda c, r, m: f"from rlstash.envs.worker import main; main({c}, {r}, {m})"
+        )
+        self.server_code = server_code
 
     def start(self, mem_fd: int, siblings: Sequence[WorkerProcess] = ()) -> WorkerProcess:
         """Start one worker serving on new pipes and the shared segment ``mem_fd``."""
@@ -161,7 +176,7 @@ class Launcher:
             if self.method == "forkserver":
                 pid, reaper = self._fork_from_server([cmd_r, reply_w, mem_fd])
             elif self.method == "spawn":
-                code = f"from rlstash.envs.worker import main; main({cmd_r}, {reply_w}, {mem_fd})"
+                code = self.spawn_code(cmd_r, reply_w, mem_fd)
                 reaper = start_python(code, [cmd_r, reply_w, mem_fd], self.env)
                 pid = reaper.pid
             else:
@@ -180,7 +195,7 @@ class Launcher:
             if self.server is None or not self.server.alive():
                 if self.server is not None:
                     self.server.close()
-                self.server = ForkServerClient(lambda c, f: start_python(c, f, self.env))
+                self.server = ForkServerClient(self._start_server)
             try:
                 return self.server.fork(fds), self.server
             except (OSError, EOFError):
@@ -189,6 +204,10 @@ class Launcher:
                 self.server.close()
                 self.server = None
         raise AssertionError("unreachable")
+
+    def _start_server(self, code: str, fds: list[int]) -> Any:
+        """Start the fork server: ``code`` is the env pool's server program."""
+        return start_python(self.server_code(fds) if self.server_code else code, fds, self.env)
 
     def _fork(
         self, cmd_r: int, reply_w: int, mem_fd: int, mine: list[int], siblings: Sequence
