@@ -43,7 +43,12 @@ from rlstash.envs import protocol as P
 from rlstash.envs.backend import Backend
 from rlstash.envs.errors import WorkerFailedError
 from rlstash.envs.launch import Launcher, WorkerProcess
-from rlstash.envs.procpool import CLOSE_TIMEOUT, START_TIMEOUT, ProcessBackend, describe_exit
+from rlstash.envs.procpool import (
+    CLOSE_TIMEOUT,
+    START_TIMEOUT,
+    describe_exit,
+    release_workers,
+)
 from rlstash.envs.shm import SharedArrays, create_segment, resize_segment
 
 
@@ -369,19 +374,6 @@ class Fleet(Backend):
             return
         self.closed = True
         procs = [h.proc for h in self.handles if h.proc is not None]
-        try:
-            if os.getpid() == self.owner:  # a forked copy of this process must not stop them
-                try:
-                    ProcessBackend._stop(procs)
-                finally:
-                    self.launcher.close()
-        finally:
-            for p in procs:
-                p.close_pipes()
-            self.weights = None
-            shared = getattr(self, "shared", None)
-            if shared is not None:
-                shared.close()
-            if self.mem_fd >= 0:
-                os.close(self.mem_fd)
-                self.mem_fd = -1
+        self.weights = None  # its views into the segment must be gone before the segment
+        mem_fd, self.mem_fd = self.mem_fd, -1
+        release_workers(self.owner, procs, self.launcher, getattr(self, "shared", None), mem_fd)

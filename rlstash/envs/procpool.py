@@ -354,22 +354,10 @@ class ProcessBackend(Backend):
         if self.closed:
             return
         self.closed = True
-        procs = self._procs()
-        try:
-            if os.getpid() == self.owner:  # a forked copy of this process must not stop them
-                try:
-                    self._stop(procs)
-                finally:
-                    self.launcher.close()
-        finally:
-            for p in procs:
-                p.close_pipes()
-            shared = getattr(self, "shared", None)
-            if shared is not None:
-                shared.close()
-            if self.mem_fd >= 0:
-                os.close(self.mem_fd)
-                self.mem_fd = -1
+        mem_fd, self.mem_fd = self.mem_fd, -1
+        release_workers(
+            self.owner, self._procs(), self.launcher, getattr(self, "shared", None), mem_fd
+        )
 
     @staticmethod
     def _stop(procs: list[WorkerProcess]) -> None:
@@ -386,6 +374,27 @@ class ProcessBackend(Backend):
                 _wait_eof(p.reply_fd, deadline)
             p.kill()  # ended already in the normal case; the kill is then a no-op
             p.reap(CLOSE_TIMEOUT)
+
+
+def release_workers(
+    owner: int, procs: list[WorkerProcess], launcher: Launcher, shared: Any, mem_fd: int
+) -> None:
+    """Stop ``procs`` (CLOSE, wait, SIGKILL, reap) and the launcher's fork server, unless this
+    process is a forked copy of their ``owner`` (it must not stop them); then, always, close
+    their pipes, the ``shared`` arrays (if any) and the segment's ``mem_fd`` (if >= 0)."""
+    try:
+        if os.getpid() == owner:
+            try:
+                ProcessBackend._stop(procs)
+            finally:
+                launcher.close()
+    finally:
+        for p in procs:
+            p.close_pipes()
+        if shared is not None:
+            shared.close()
+        if mem_fd >= 0:
+            os.close(mem_fd)
 
 
 def _wait_eof(fd: int, deadline: float) -> None:
