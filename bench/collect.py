@@ -463,19 +463,16 @@ def main(argv: list[str] | None = None) -> int:
         vars(args).update(saved.get("args", {}))
     else:
         _ensure_mujoco_deps()
-        from common import machine_info
+        from common import machine_info, timed_run
 
         info = machine_info()
-        start = time.time()
-        results = run_all(args)
-        info["load_average_1m_end"] = round(os.getloadavg()[0], 2)
-        info["wall_time_s"] = round(time.time() - start)
+        results = timed_run(lambda: run_all(args), info)
         kept = {k: getattr(args, k) for k in ("quick", "reps", "target_s")}
         WORK.mkdir(parents=True, exist_ok=True)
         last.write_text(json.dumps({"info": info, "results": results, "args": kept}))
-    text, failed = render(results, info, args)
     from common import publish
 
+    text, failed = render(results, info, args)
     return publish(text, args.out, "collect", failed)
 
 

@@ -81,24 +81,26 @@ def action_sampler(space: gym.Space, n: int, seed: int) -> Callable[[], np.ndarr
 
 
 class Peer:
-    """A vector of ``n`` envs; ``step(actions)`` advances all of them once."""
+    """A vector of ``n`` envs; ``step(actions)`` advances all of them once. The defaults drive
+    a gymnasium-style vector env in ``self.vec``."""
 
     note = ""
+    vec: Any = None
 
     def __init__(self, env: str, n: int, seed: int) -> None:
         self.env, self.n, self.seed = env, n, seed
 
     def reset(self) -> None:
-        raise NotImplementedError
+        self.vec.reset(seed=self.seed)
 
     def step(self, actions: np.ndarray) -> None:
-        raise NotImplementedError
+        self.vec.step(actions)
 
     def worker_pids(self) -> list[int]:
         return []
 
     def close(self) -> None:
-        pass
+        self.vec.close()
 
 
 class RawLoop(Peer):
@@ -139,17 +141,8 @@ class GymVector(Peer):
         )
         self.single_action_space = self.vec.single_action_space
 
-    def reset(self) -> None:
-        self.vec.reset(seed=self.seed)
-
-    def step(self, actions: np.ndarray) -> None:
-        self.vec.step(actions)
-
     def worker_pids(self) -> list[int]:
         return [p.pid for p in getattr(self.vec, "processes", [])]
-
-    def close(self) -> None:
-        self.vec.close()
 
 
 class SB3Subproc(Peer):
@@ -168,14 +161,8 @@ class SB3Subproc(Peer):
         self.vec.seed(self.seed)
         self.vec.reset()
 
-    def step(self, actions: np.ndarray) -> None:
-        self.vec.step(actions)
-
     def worker_pids(self) -> list[int]:
         return [p.pid for p in self.vec.processes]
-
-    def close(self) -> None:
-        self.vec.close()
 
 
 class RlstashPool(Peer):
@@ -191,17 +178,8 @@ class RlstashPool(Peer):
         self.note = " ".join(str(w.message) for w in caught)
         self.single_action_space = self.vec.single_action_space
 
-    def reset(self) -> None:
-        self.vec.reset(seed=self.seed)
-
-    def step(self, actions: np.ndarray) -> None:
-        self.vec.step(actions)
-
     def worker_pids(self) -> list[int]:
         return list(self.vec.worker_pids)
-
-    def close(self) -> None:
-        self.vec.close()
 
 
 def build_peer(key: str, env: str, n: int, seed: int = 0, sb3_start: str | None = None) -> Peer:

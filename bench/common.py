@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -288,6 +289,16 @@ def machine_info() -> dict[str, object]:
 def header_lines(info: Mapping[str, object]) -> list[str]:
     """Machine info as markdown bullet lines."""
     return [f"- {key}: {value}" for key, value in info.items()]
+
+
+def timed_run(run: Callable[[], Any], info: dict) -> Any:
+    """``run()``; the load average at its end and its wall time go into ``info``."""
+    start = time.time()
+    try:
+        return run()
+    finally:
+        info["load_average_1m_end"] = round(os.getloadavg()[0], 2)
+        info["wall_time_s"] = round(time.time() - start)
 
 
 def publish(text: str, out: str | Path, tag: str, failed: Sequence[str]) -> int:

@@ -271,17 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.worker:
         return _worker_main(json.loads(args.worker))
-    from common import machine_info
+    from common import machine_info, publish, timed_run
     from replay_report import render
 
     info = machine_info()
-    start = time.time()
-    results = _run_all(args)
-    info["load_average_1m_end"] = round(os.getloadavg()[0], 2)
-    info["wall_time_s"] = round(time.time() - start)
+    results = timed_run(lambda: _run_all(args), info)
     text, failed = render(results, info, args)
-    from common import publish
-
     return publish(text, args.out, "replay", failed)
 
 

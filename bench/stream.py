@@ -988,20 +988,15 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     if args.worker:
         return _worker_main(json.loads(args.worker))
-    from common import machine_info
+    from common import machine_info, publish, timed_run
 
     info = machine_info()
     info["torch_threads"] = f"{args.torch_threads} in every worker (--torch-threads)"
-    start = time.time()
     try:
-        results = run_all(args)
+        results = timed_run(lambda: run_all(args), info)
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
-    info["load_average_1m_end"] = round(os.getloadavg()[0], 2)
-    info["wall_time_s"] = round(time.time() - start)
     text, failed = render(results, info, args)
-    from common import publish
-
     return publish(text, args.out, "stream", failed)
 
 

@@ -43,23 +43,25 @@ def env_spaces(env_id: str, history: int = 0) -> tuple[Any, Any, float | None]:
                 f"history: needs 1-D Box observations, env {env_id} has {obs_space}; "
                 "drop --history or flatten the observations"
             )
-        from rlstash.envs.history import make_windowed
+        from gymnasium.vector.utils import batch_space
 
-        windowed = make_windowed(env_id, history)
-        obs_space = windowed.observation_space
-        windowed.close()
+        obs_space = batch_space(obs_space, history)  # what FrameStackObservation declares
     return obs_space, act_space, threshold
 
 
 def _factory(env_id: str, history: int) -> Any:
-    """An env id, or a picklable factory of windowed envs (its module is torch-free)."""
-    if not history:
-        return env_id
+    """A picklable env factory (windowed envs with ``history``; the module is torch-free)."""
     import functools
+
+    import gymnasium as gym
 
     from rlstash.envs.history import make_windowed
 
-    return functools.partial(make_windowed, env_id, history)
+    return (
+        functools.partial(make_windowed, env_id, history)
+        if history
+        else functools.partial(gym.make, env_id)
+    )
 
 
 def make_vec_env(
@@ -68,18 +70,15 @@ def make_vec_env(
     """A vectorized env: rlstash's EnvPool (``workers=0`` steps in-process)."""
     from rlstash.envs import EnvPool
 
-    return EnvPool(_factory(env_id, history), num_envs=num_envs, num_workers=workers, seed=seed)
+    source = _factory(env_id, history) if history else env_id  # an id: EnvPool makes it itself
+    return EnvPool(source, num_envs=num_envs, num_workers=workers, seed=seed)
 
 
 def make_eval_env(env_id: str, num_envs: int, history: int = 0) -> Any:
     """Evaluation envs stepped in-process (evaluation is short and must not disturb training)."""
-    import gymnasium as gym
     from gymnasium.vector import SyncVectorEnv
 
-    make = _factory(env_id, history)
-    if isinstance(make, str):
-        return SyncVectorEnv([lambda: gym.make(env_id) for _ in range(num_envs)])
-    return SyncVectorEnv([make for _ in range(num_envs)])
+    return SyncVectorEnv([_factory(env_id, history)] * num_envs)
 
 
 def make_agent(

@@ -69,10 +69,13 @@ class SACBaseConfig(ConfigMixin):
     init_alpha: float = hp(1.0, "Initial entropy temperature alpha.")
     autotune_alpha: bool = hp(True, "Learn alpha so that the policy's entropy tracks its target.")
     max_grad_norm: float | None = hp(None, "Clip each network's gradient L2 norm; None = off.")
+    net_arch: tuple[int, ...] = hp(
+        (256, 256), "MLP hidden widths of actor and critics (unused after the Nature CNN)."
+    )
     seed: int = hp(0, "Seed of network init and the agent's torch generators.")
 
     def __post_init__(self) -> None:
-        self.net_arch = tuple(getattr(self, "net_arch", ()))
+        self.net_arch = tuple(self.net_arch)
         check_common(self)
         if not self.init_alpha > 0:
             raise ValueError(f"init_alpha: expected > 0, got {self.init_alpha}")
@@ -85,7 +88,6 @@ class SACConfig(SACBaseConfig):
     target_entropy: float | None = hp(None, "Entropy target; None = -act_dim.")
     log_std_min: float = hp(-20.0, "Lower clamp of the actor's log standard deviation.")
     log_std_max: float = hp(2.0, "Upper clamp of the actor's log standard deviation.")
-    net_arch: tuple[int, ...] = hp((256, 256), "MLP hidden widths of actor and critics.")
 
     PRESETS = PRESETS
 

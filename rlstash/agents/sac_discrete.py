@@ -57,7 +57,6 @@ class DiscreteSACConfig(SACBaseConfig):
 
     target_entropy_ratio: float = hp(0.5, "Entropy target = ratio * log(#available actions).")
     target_entropy: float | None = hp(None, "Fixed entropy target in nats (overrides the ratio).")
-    net_arch: tuple[int, ...] = hp((256, 256), "MLP hidden widths (unused after the Nature CNN).")
     action_head: str = hp("linear", "'linear' (a weight row per action) or 'embedding'.")
     action_embed_dim: int = hp(64, "Learned action-embedding width (embedding head, no features).")
     learn_action_embeddings: bool = hp(True, "Learn the action table; False keeps features fixed.")

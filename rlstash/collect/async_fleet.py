@@ -46,7 +46,7 @@ from rlstash.envs.launch import Launcher, WorkerProcess
 from rlstash.envs.procpool import (
     CLOSE_TIMEOUT,
     START_TIMEOUT,
-    describe_exit,
+    death_text,
     release_workers,
 )
 from rlstash.envs.shm import SharedArrays, create_segment, resize_segment
@@ -213,11 +213,8 @@ class Fleet(Backend):
         return payload
 
     def _death_text(self, h: Handle) -> str:
-        proc = h.proc
-        assert proc is not None
-        proc.kill()
-        code = proc.reap(CLOSE_TIMEOUT)
-        return f"worker process {proc.pid} ended with {describe_exit(code)}"
+        assert h.proc is not None
+        return death_text(h.proc)
 
     # --- running ----------------------------------------------------------------------
     def releasable(self, h: Handle) -> bool:

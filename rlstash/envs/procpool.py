@@ -199,11 +199,8 @@ class ProcessBackend(Backend):
                 slot.send_failed = True  # handled as a death by the next _recv
 
     def _death_text(self, slot: _Slot) -> str:
-        proc = slot.proc
-        assert proc is not None
-        proc.kill()
-        code = proc.reap(CLOSE_TIMEOUT)
-        return f"worker process {proc.pid} ended with {describe_exit(code)}"
+        assert slot.proc is not None
+        return death_text(slot.proc)
 
     # --- reset / step -----------------------------------------------------------------
     def reset(
@@ -374,6 +371,13 @@ class ProcessBackend(Backend):
                 _wait_eof(p.reply_fd, deadline)
             p.kill()  # ended already in the normal case; the kill is then a no-op
             p.reap(CLOSE_TIMEOUT)
+
+
+def death_text(proc: WorkerProcess) -> str:
+    """Make sure ``proc`` is gone (SIGKILL, reap) and say how it ended."""
+    proc.kill()
+    code = proc.reap(CLOSE_TIMEOUT)
+    return f"worker process {proc.pid} ended with {describe_exit(code)}"
 
 
 def release_workers(
