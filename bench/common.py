@@ -291,6 +291,17 @@ def header_lines(info: Mapping[str, object]) -> list[str]:
     return [f"- {key}: {value}" for key, value in info.items()]
 
 
+def wait_quiet(max_wait_s: float, tag: str, others_max: float = 0.5) -> None:
+    """Wait (at most ``max_wait_s``) until the machine uses < ``others_max`` cores, saying so."""
+    deadline = time.monotonic() + max_wait_s
+    while time.monotonic() < deadline:
+        busy = psutil.cpu_percent(interval=2.0) / 100 * (psutil.cpu_count() or 1)
+        if busy < others_max:
+            return
+        print(f"[{tag}] machine busy ({busy:.2f} cores used by others); waiting", flush=True)
+        time.sleep(5)
+
+
 def timed_run(run: Callable[[], Any], info: dict) -> Any:
     """``run()``; the load average at its end and its wall time go into ``info``."""
     start = time.time()

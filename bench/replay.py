@@ -31,7 +31,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 
@@ -153,19 +152,6 @@ def _worker_main(task: dict) -> int:
 # ----------------------------------------------------------------------------- orchestration
 
 
-def _wait_quiet(max_wait_s: float, others_max: float = 0.5) -> None:
-    """Wait (at most ``max_wait_s``) until the rest of the machine uses < ``others_max`` cores."""
-    import psutil
-
-    deadline = time.monotonic() + max_wait_s
-    while time.monotonic() < deadline:
-        busy = psutil.cpu_percent(interval=2.0) / 100 * (psutil.cpu_count() or 1)
-        if busy < others_max:
-            return
-        print(f"[replay] machine busy ({busy:.2f} cores used by others); waiting", flush=True)
-        time.sleep(5)
-
-
 def _spawn(task: dict, timeout_s: float) -> dict:
     """Run one worker in a fresh process; its result, or an error for every peer it had."""
     WORK.mkdir(parents=True, exist_ok=True)
@@ -200,6 +186,7 @@ def _groups(wl, keys: list[str], budget: int) -> list[list[str]]:
 def _run_all(args: argparse.Namespace) -> dict:
     import psutil
     import replay_peers as rp
+    from common import wait_quiet
 
     wls = rp.workloads(args.quick)
     budget = min(8 << 30, psutil.virtual_memory().available // 2)
@@ -213,7 +200,7 @@ def _run_all(args: argparse.Namespace) -> dict:
         for group in groups:
             print(f"[replay] {name}: timing {', '.join(group)}", flush=True)
             task = dict(base, mode="time", workload=name, peers=group)
-            _wait_quiet(args.wait_quiet)
+            wait_quiet(args.wait_quiet, "replay")
             results["time"][name].append(_spawn(task, args.timeout))
         if args.skip_rss:
             continue

@@ -647,19 +647,6 @@ def _spawn(task: dict, timeout_s: float) -> dict:
         Path(result).unlink(missing_ok=True)
 
 
-def _wait_quiet(max_wait_s: float, others_max: float = 0.5) -> None:
-    """Wait (at most ``max_wait_s``) until the machine uses < ``others_max`` cores."""
-    import psutil
-
-    deadline = time.monotonic() + max_wait_s
-    while time.monotonic() < deadline:
-        busy = psutil.cpu_percent(interval=2.0) / 100 * (psutil.cpu_count() or 1)
-        if busy < others_max:
-            return
-        print(f"[stream] machine busy ({busy:.2f} cores used by others); waiting", flush=True)
-        time.sleep(5)
-
-
 def per_transition_bytes(key: str) -> int:
     """Approximate stored bytes per transition of each buffer (for grouping only)."""
     stack = K * FRAME_BYTES
@@ -708,6 +695,7 @@ def _pong_data(args: argparse.Namespace) -> tuple[Path, dict]:
 
 def run_all(args: argparse.Namespace) -> dict:
     import psutil
+    from common import wait_quiet
 
     budget = min(args.budget_gb << 30, psutil.virtual_memory().available // 2)
     results: dict = {}
@@ -724,7 +712,7 @@ def run_all(args: argparse.Namespace) -> dict:
             base["data"], transitions = str(path), args.pong_frames
         for group in groups(args.peers, transitions, budget):
             print(f"[stream] {name}: timing {', '.join(group)}", flush=True)
-            _wait_quiet(args.wait_quiet)
+            wait_quiet(args.wait_quiet, "stream")
             out = _spawn(dict(base, mode="time", peers=group), args.timeout)
             if "error" in out:
                 out = {"peers": {}, "errors": dict.fromkeys(group, out["error"])}
