@@ -80,7 +80,7 @@ LIBS = ("rlstash", "sb3")
 
 def run_rlstash(algo: str, seed: int, budget: int) -> dict:
     """One rlstash run of its preset; the curve comes from the run's eval.csv."""
-    from rlstash.train import TrainConfig, train
+    from rlstash.train.loop import TrainConfig, train
 
     task = TASKS[algo]
     with tempfile.TemporaryDirectory(prefix="rlstash-learn-") as tmp:

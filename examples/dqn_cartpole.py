@@ -7,7 +7,7 @@ python examples/dqn_cartpole.py --quick    # a few seconds (what CI runs)
 import sys
 import tempfile
 
-from rlstash.train import TrainConfig, train
+from rlstash.train.loop import TrainConfig, train
 
 quick = "--quick" in sys.argv
 run_dir = tempfile.mkdtemp(prefix="rlstash-example-") if quick else "runs"

@@ -19,9 +19,9 @@ _EXPORTS: dict[str, str] = {
     # data
     "Spec": "rlstash.spec",
     "Field": "rlstash.spec",
-    "plan": "rlstash.memory",
-    "MemoryPlan": "rlstash.memory",
-    "InsufficientMemoryError": "rlstash.memory",
+    "plan": "rlstash.diag.memory",
+    "MemoryPlan": "rlstash.diag.memory",
+    "InsufficientMemoryError": "rlstash.diag.memory",
     "TensorStorage": "rlstash.storage.ram",
     "MemmapStorage": "rlstash.storage.disk",
     "StreamStorage": "rlstash.storage.stream",
@@ -101,7 +101,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.collect.sync import Collector
     from rlstash.device import Delivery
-    from rlstash.memory import InsufficientMemoryError, MemoryPlan, plan
+    from rlstash.diag.memory import InsufficientMemoryError, MemoryPlan, plan
     from rlstash.ratelimit import RateLimiter
     from rlstash.replay import ReplayBuffer
     from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler

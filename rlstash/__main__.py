@@ -1,3 +1,3 @@
-from rlstash.cli import main
+from rlstash.train.cli import main
 
 raise SystemExit(main())

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlstash.core import Index, SampleContext, Sampler, Storage
 from rlstash.device import Delivery
-from rlstash.protocols import Index, SampleContext, Sampler, Storage
 from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler
 from rlstash.spec import Batch
 from rlstash.writer import RingWriter
@@ -53,7 +53,7 @@ _ANY_ARRAYS = _IN_RANGE
 
 
 class ReplayBuffer:
-    """A FIFO replay buffer over any :class:`~rlstash.protocols.Storage`.
+    """A FIFO replay buffer over any :class:`~rlstash.core.Storage`.
 
     Args:
         storage: where rows live (``TensorStorage`` on any device, ``MemmapStorage`` on disk).

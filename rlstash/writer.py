@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from rlstash.protocols import Index
+from rlstash.core import Index
 
 
 class RingWriter:

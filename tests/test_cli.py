@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlstash import cli
+from rlstash.train import cli
 
 
 def test_parse_field():

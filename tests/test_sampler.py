@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlstash.protocols import SampleContext, Sampler
+from rlstash.core import SampleContext, Sampler
 from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler
 
 

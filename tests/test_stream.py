@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlstash.protocols import SampleContext
+from rlstash.core import SampleContext
 from rlstash.storage.stream import NPZ, ReadSpec, StreamStorage
 
 SPEC = {"obs": ((2,), torch.int64), "action": ((), torch.int64), "uid": ((), torch.int64)}

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlstash.sumtree import SumMinTree, last_write_wins
+from rlstash.sampler.sumtree import SumMinTree, last_write_wins
 
 # (capacity, branching, max_top): depth 0 (top only), 1, 2 and 3 with ragged padding
 LAYOUTS = [(5, 8, 8), (37, 8, 8), (100, 8, 4), (1000, 8, 2), (300, 16, 4), (129, 32, 2)]

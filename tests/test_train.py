@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-from rlstash import checkpoint
-from rlstash.cli import main
 from rlstash.replay import ReplayBuffer
-from rlstash.train import TrainConfig, train
+from rlstash.train import checkpoint
+from rlstash.train.cli import main
+from rlstash.train.loop import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_DQN = {
@@ -288,7 +288,7 @@ def test_history_window_run_stores_each_observation_once(tmp_path: Path) -> None
 
 
 def test_history_env_workers_stay_torch_free() -> None:
-    from rlstash import builders
+    from rlstash.train import builders
 
     pool = builders.make_vec_env("CartPole-v1", 2, 1, 0, history=3)
     try:

@@ -1,6 +1,6 @@
 """The Agent protocol: how an agent acts, learns, and moves its weights between devices.
 
-An agent is used like this (the training loop in :mod:`rlstash.train` is this, plus timing)::
+An agent is used like this (the training loop in :mod:`rlstash.train.loop` is this, plus timing)::
 
     agent = DQN(obs_shape=(4,), n_actions=2, config=DQNConfig.for_env("CartPole-v1"))
     action = agent.act(obs)                    # obs [N, *obs_shape] -> action [N] int64, no grad

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlstash.memory import InsufficientMemoryError, disk_free, exact_bytes, plan
+from rlstash.diag.memory import InsufficientMemoryError, disk_free, exact_bytes, plan
 from rlstash.spec import Spec
 from rlstash.storage.ram import ArrayStorage, as_spec, check_capacity, numpy_view, spec_mismatch
 
@@ -269,8 +269,8 @@ def read_data(state: Mapping[str, Any]) -> dict[str, np.ndarray]:
 class MemmapStorage(ArrayStorage):
     """Rows in one memory-mapped, fully reserved file per field under ``path``.
 
-    Creating checks free disk space first (:func:`rlstash.memory.plan`, ``storage="disk"``)
-    and raises :class:`~rlstash.memory.InsufficientMemoryError` (unless
+    Creating checks free disk space first (:func:`rlstash.diag.memory.plan`, ``storage="disk"``)
+    and raises :class:`~rlstash.diag.memory.InsufficientMemoryError` (unless
     ``allow_overcommit``) before anything is created. A directory with a ``meta.json``
     reopens instead (same spec and capacity required). The writer's position is kept in
     ``cursor`` / ``size`` (set them with :meth:`set_cursor`; persisted by :meth:`flush` and

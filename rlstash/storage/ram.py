@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlstash.memory import plan
-from rlstash.protocols import Index
+from rlstash.core import Index
+from rlstash.diag.memory import plan
 from rlstash.spec import Batch, Spec, dtype_name
 
 # numpy has no bfloat16: such fields are stored and moved as int16 bit patterns.
@@ -556,7 +556,7 @@ class TensorStorage(ArrayStorage):
     """One tensor ``[capacity, *field.shape]`` per field on ``device``, zero-filled.
 
     The footprint is planned and checked before allocating; with ``allow_overcommit=False``
-    a storage that does not fit raises :class:`~rlstash.memory.InsufficientMemoryError`
+    a storage that does not fit raises :class:`~rlstash.diag.memory.InsufficientMemoryError`
     naming the bytes needed and free and the fix.
     """
 

@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlstash.protocols import Index, Storage
+from rlstash.core import Index, Storage
 from rlstash.spec import Batch, Field, Spec
 from rlstash.storage import register_kind
 from rlstash.storage.lanes import LANE_KEYS, TERM, TRUNC, WRITTEN, Lanes
@@ -780,7 +780,7 @@ def compare_layouts(
     least 3 dims whose first equals ``frame_stack`` (> 1) is taken as stacked frames
     (gymnasium's FrameStackObservation): the stream stores its newest frame only.
     """
-    from rlstash.memory import human_bytes
+    from rlstash.diag.memory import human_bytes
 
     spec = as_spec(spec)
     step = {k: f for k, f in spec.items() if k != "next_obs" and not k.startswith("next_obs/")}

@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlstash.core import Index, Storage
 from rlstash.device import CudaOps
-from rlstash.protocols import Index, Storage
 from rlstash.spec import Batch, Spec
 from rlstash.storage import register_kind
 from rlstash.storage.ram import TensorStorage, normalize_index, spec_mismatch

@@ -1,4 +1,4 @@
-"""``rlstash train`` and ``rlstash eval``: argument parsing over :mod:`rlstash.train`."""
+"""``rlstash train`` and ``rlstash eval``: argument parsing over :mod:`rlstash.train.loop`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlstash.train import TrainConfig
+from rlstash.train.loop import TrainConfig
 
 try:
     import tomllib
@@ -44,7 +44,7 @@ def _config_file(path: str) -> dict[str, Any]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlstash.train import train
+    from rlstash.train.loop import train
 
     if args.resume:
         train(resume=args.resume)
@@ -79,7 +79,7 @@ def _literal(raw: str) -> Any:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from rlstash.evaluate import evaluate_run
+    from rlstash.train.evaluate import evaluate_run
 
     out = evaluate_run(Path(args.run), episodes=args.episodes, seed=args.seed)
     r = out["returns"]

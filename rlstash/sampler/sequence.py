@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from rlstash.protocols import Index, SampleContext
-from rlstash.sample_checks import (
+from rlstash.core import Index, SampleContext
+from rlstash.sampler.checks import (
     REJECTION_ROUNDS,
     as_numpy,
     check_batch_size,

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlstash import builders, checkpoint
 from rlstash.collect.sync import Collector
+from rlstash.train import builders, checkpoint
 
 
 def evaluate_run(

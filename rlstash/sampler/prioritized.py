@@ -1,5 +1,5 @@
 """Proportional prioritized replay (Schaul et al. 2016) over a vectorized
-:class:`~rlstash.sumtree.SumMinTree`; see :mod:`rlstash.sampler` for the sampler contract."""
+:class:`~rlstash.sampler.sumtree.SumMinTree`; see :mod:`rlstash.sampler` for the sampler contract."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from rlstash.protocols import Index, SampleContext
-from rlstash.sample_checks import (
+from rlstash.core import Index, SampleContext
+from rlstash.sampler.checks import (
     as_numpy,
     check_batch_size,
     check_capacity,
@@ -19,8 +19,8 @@ from rlstash.sample_checks import (
     check_state,
     index_array,
 )
+from rlstash.sampler.sumtree import SumMinTree, last_write_wins
 from rlstash.spec import Batch
-from rlstash.sumtree import SumMinTree, last_write_wins
 
 _INF_BITS = np.float64(np.inf).view(np.uint64)
 _INF_BITS32 = np.float32(np.inf).view(np.uint32)

@@ -47,7 +47,7 @@ def _env_spec(env_id: str, next_obs: bool) -> Spec:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from rlstash.memory import plan
+    from rlstash.diag.memory import plan
 
     if args.field and args.env:
         raise ValueError("plan: give either --field (repeatable) or --env, not both")
@@ -73,7 +73,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print()
         print(stream)
     if not result.fits:
-        from rlstash.memory import InsufficientMemoryError
+        from rlstash.diag.memory import InsufficientMemoryError
 
         try:
             result.check()
@@ -96,7 +96,7 @@ def _stream_figures(spec: Spec, args: argparse.Namespace) -> str:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from rlstash.doctor import diagnose
+    from rlstash.diag.doctor import diagnose
 
     report = diagnose(args.run_dir)
     print(report.format())
@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_optional_commands(sub: argparse._SubParsersAction) -> None:
     """train / eval / bench live in their own modules; register them when present."""
-    for module in ("rlstash.train_cli",):
+    for module in ("rlstash.train.cli_train",):
         try:
             mod = __import__(module, fromlist=["register"])
         except ImportError:

@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlstash import builders, checkpoint, telemetry
 from rlstash.collect.sync import Collector
+from rlstash.diag import telemetry
 from rlstash.ratelimit import RateLimiter
 from rlstash.replay import ReplayBuffer
-from rlstash.runlog import RunLog, plot_learning_curve
+from rlstash.train import builders, checkpoint
+from rlstash.train.runlog import RunLog, plot_learning_curve
 
 DEFAULT_THRESHOLDS = {"Pendulum-v1": -200.0}
 

@@ -199,7 +199,7 @@ def make_buffer(
 def describe_memory(rb: ReplayBuffer, agent: Any) -> str:
     """The memory plan printed at start: buffer bytes per place and network bytes."""
     from rlstash.agents.nets import param_bytes
-    from rlstash.memory import human_bytes
+    from rlstash.diag.memory import human_bytes
 
     lines = [
         f"replay buffer: {type(rb.storage).__name__}, {rb.capacity} slots, {human_bytes(rb.storage.nbytes)} on {rb.storage.device}"

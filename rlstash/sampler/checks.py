@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlstash.protocols import Index, SampleContext
+from rlstash.core import Index, SampleContext
 
 REJECTION_ROUNDS = 8  # redraws before an exact (O(capacity)) fallback
 

@@ -1,14 +1,6 @@
-"""Samplers pick row indices; storages move the data (see :mod:`rlstash.protocols`).
+"""Uniform sampling over stored (and valid) rows; see :mod:`rlstash.sampler` for the family.
 
-Three behaviours, one class each:
-
-* :class:`UniformSampler` -- uniform with replacement, or epochs without replacement.
-* :class:`PrioritizedSampler` -- proportional prioritized replay (Schaul et al. 2016) over a
-  vectorized :class:`~rlstash.sumtree.SumMinTree`.
-* :class:`SequenceSampler` -- windows of ``length`` consecutive steps that never cross an
-  episode end or the write cursor.
-
-Every sampler reads the buffer's state from a :class:`~rlstash.protocols.SampleContext`:
+Every sampler reads the buffer's state from a :class:`~rlstash.core.SampleContext`:
 rows ``0..size-1`` are stored (all rows once full), ``cursor`` is the next write position and
 ``valid`` (optional, ``bool[capacity]``) marks rows that may be returned; a row outside it is
 never returned. All randomness comes from ``ctx.rng``, so the same generator state gives the
@@ -21,19 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from rlstash.protocols import Index, SampleContext
-from rlstash.sample_checks import (
+from rlstash.core import Index, SampleContext
+from rlstash.sampler.checks import (
     REJECTION_ROUNDS,
     check_batch_size,
     check_capacity,
     check_ctx,
     check_state,
 )
-from rlstash.sampler_prioritized import PrioritizedSampler
-from rlstash.sampler_sequence import SequenceSampler
 from rlstash.spec import Batch
 
-__all__ = ["PrioritizedSampler", "SequenceSampler", "UniformSampler", "uniform_ints"]
+__all__ = ["UniformSampler", "uniform_ints"]
 
 
 class UniformSampler:

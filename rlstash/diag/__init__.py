@@ -1,0 +1,1 @@
+"""Diagnostics: memory planning before allocation, the machine doctor, run telemetry."""

@@ -1,0 +1,18 @@
+"""Samplers pick row indices; storages move the data (see :mod:`rlstash.core`).
+
+Three behaviours, one class each:
+
+* :class:`UniformSampler` -- uniform with replacement, or epochs without replacement.
+* :class:`PrioritizedSampler` -- proportional prioritized replay (Schaul et al. 2016) over a
+  vectorized :class:`~rlstash.sampler.sumtree.SumMinTree`.
+* :class:`SequenceSampler` -- windows of ``length`` consecutive steps that never cross an
+  episode end or the write cursor.
+
+Shared argument and state checks live in :mod:`rlstash.sampler.checks`.
+"""
+
+from rlstash.sampler.prioritized import PrioritizedSampler
+from rlstash.sampler.sequence import SequenceSampler
+from rlstash.sampler.uniform import UniformSampler, uniform_ints
+
+__all__ = ["PrioritizedSampler", "SequenceSampler", "UniformSampler", "uniform_ints"]
