@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Env-collection benchmark: rlstash EnvPool against gymnasium, SB3, TorchRL and a raw loop.
+"""Env-collection benchmark: rlstash ProcessPoolVectorEnv against gymnasium, SB3, TorchRL and a raw loop.
 
     python3 bench/collect.py [--quick] [--out bench/results/collect.md] [--envs a,b]
                              [--reps N] [--target-s S] [--no-torchrl] [--timeout S]
@@ -23,7 +23,7 @@ Phases, each piece in a fresh process (bench/collect_peers.py):
    tree and per worker after 0.5 s of stepping, time to close;
 3. TorchRL (slow to start): once per env at 32 envs, MultiSyncCollector and
    MultiAsyncCollector over two collector processes of ``SerialEnv(16)`` each (one per core,
-   like EnvPool's two workers), plus ``Collector(ParallelEnv(2 x SerialEnv(16)))`` for
+   like ProcessPoolVectorEnv's two workers), plus ``Collector(ParallelEnv(2 x SerialEnv(16)))`` for
    CartPole; each in its own process with a timeout. Its collector processes keep working
    while the main process waits, so it is not interleaved: contiguous windows of batches,
    against the raw loop timed alone in the same process before and after (that ratio is the
@@ -394,7 +394,7 @@ def render(results: dict, info: dict, args: argparse.Namespace) -> tuple[str, li
     from common import header_lines
 
     table, notes, failed = throughput_table(results)
-    lines = ["# Env collection: rlstash EnvPool vs gymnasium, SB3, TorchRL", "",
+    lines = ["# Env collection: rlstash ProcessPoolVectorEnv vs gymnasium, SB3, TorchRL", "",
              "`python bench/collect.py" + (" --quick" if args.quick else "") + "`", "",
              *header_lines(info), _load_line(results), "", "## Goals (issue 4)", "", *goals(results), "",
              "## Throughput: env steps/s (ratio to the raw loop of the same cell), medians", "",

@@ -43,10 +43,10 @@ PEERS: dict[str, str] = {  # key -> label in the tables
     "gym-sync": "gymnasium SyncVectorEnv",
     "gym-async": "gymnasium AsyncVectorEnv(shared_memory=True)",
     "sb3-subproc": "SB3 SubprocVecEnv",
-    "rlstash-w0": "rlstash EnvPool num_workers=0",
-    "rlstash-w2": "rlstash EnvPool num_workers=2",
-    "rlstash-auto": 'rlstash EnvPool num_workers="auto"',
-    "rlstash-w8": "rlstash EnvPool num_workers=8",
+    "rlstash-w0": "rlstash ProcessPoolVectorEnv num_workers=0",
+    "rlstash-w2": "rlstash ProcessPoolVectorEnv num_workers=2",
+    "rlstash-auto": 'rlstash ProcessPoolVectorEnv num_workers="auto"',
+    "rlstash-w8": "rlstash ProcessPoolVectorEnv num_workers=8",
 }
 PROCESS_PER_ENV = ("gym-async", "sb3-subproc")  # one process per env: not run at 256 envs
 
@@ -166,15 +166,15 @@ class SB3Subproc(Peer):
 
 
 class RlstashPool(Peer):
-    """rlstash EnvPool with ``num_workers`` 0, W or "auto" (its choice is kept in ``note``)."""
+    """rlstash ProcessPoolVectorEnv with ``num_workers`` 0, W or "auto" (its choice is kept in ``note``)."""
 
     def __init__(self, env: str, n: int, seed: int, num_workers: int | str) -> None:
         super().__init__(env, n, seed)
-        from rlstash.envs import EnvPool
+        from rlstash.envs import ProcessPoolVectorEnv
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            self.vec = EnvPool(ENVS[env], n, num_workers=num_workers, seed=seed)
+            self.vec = ProcessPoolVectorEnv(ENVS[env], n, num_workers=num_workers, seed=seed)
         self.note = " ".join(str(w.message) for w in caught)
         self.single_action_space = self.vec.single_action_space
 

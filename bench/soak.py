@@ -3,7 +3,7 @@
 
     python3 bench/soak.py [--steps 1000000] [--every 100000] [--out bench/results/soak.md]
 
-CartPole-v1, 8 envs, ``EnvPool(num_workers=2)`` -> ``Collector`` (random policy, a torch
+CartPole-v1, 8 envs, ``ProcessPoolVectorEnv(num_workers=2)`` -> ``Collector`` (random policy, a torch
 callable drawing from a seeded ``torch.Generator``) -> ``ReplayBuffer`` over a
 ``StreamStorage`` (capacity 200,000): every batch (256 frames) is extended into the buffer and
 a batch of 256 is sampled. Every ``--every`` env steps it records: RSS of the process tree
@@ -147,11 +147,11 @@ def soak(steps: int, every: int) -> dict:
     import torch
     from common import cpu_meter
 
-    from rlstash import Collector, EnvPool, Field, ReplayBuffer, Spec, StreamStorage
+    from rlstash import Collector, Field, ProcessPoolVectorEnv, ReplayBuffer, Spec, StreamStorage
 
     watch = ShmWatch()
     t0 = time.perf_counter()
-    pool = EnvPool("CartPole-v1", NUM_ENVS, num_workers=WORKERS, seed=0)
+    pool = ProcessPoolVectorEnv("CartPole-v1", NUM_ENVS, num_workers=WORKERS, seed=0)
     gen = torch.Generator().manual_seed(0)
 
     def policy(obs: torch.Tensor) -> torch.Tensor:  # obs [N, 4] -> actions [N] int64
@@ -289,16 +289,16 @@ def render(res: dict, info: dict, argv: list[str]) -> str:
             f"{cpu['own']:.2f}, its workers {res['workers_excluded']:.2f}, other users "
             f"{cpu['others']:.2f} (2 cores in all).")  # fmt: skip
     return "\n".join([
-        "# Soak: 1,000,000 env steps through EnvPool -> Collector -> ReplayBuffer", "",
+        "# Soak: 1,000,000 env steps through ProcessPoolVectorEnv -> Collector -> ReplayBuffer", "",
         f"`python bench/soak.py {' '.join(argv)}`".replace(" `", "`"), "",
         *header_lines(info), "",
-        f"CartPole-v1, {NUM_ENVS} envs, EnvPool(num_workers={WORKERS}), Collector("
+        f"CartPole-v1, {NUM_ENVS} envs, ProcessPoolVectorEnv(num_workers={WORKERS}), Collector("
         f"frames_per_batch={FRAMES}, random torch policy), ReplayBuffer(StreamStorage("
         f"capacity={CAPACITY:,})): extend every batch, sample {SAMPLE} every batch. "
         f"{res['steps']:,} env steps in {res['wall_s']:.0f} s. {load}", "",
         f"Flat: from the {res['settled_at']:,} sample on, tree RSS grows < 5% and open fds, threads and held "
         "/dev/shm/memfd entries do not change at all. `shm held by tree`: distinct /dev/shm "
-        "files and memfds open or mapped by the tree (EnvPool's memfd: nothing in /dev/shm). "
+        "files and memfds open or mapped by the tree (ProcessPoolVectorEnv's memfd: nothing in /dev/shm). "
         "Machine-wide /dev/shm is shown for reference (other users share it).", "",
         "## Verdict", "", *verdict(res), "", "## Series", "", series_table(res), "",
     ])  # fmt: skip

@@ -5,7 +5,7 @@ never pull in torch)::
 
     from rlstash import Spec, Field, ReplayBuffer, TensorStorage, MemmapStorage, StreamStorage
     from rlstash import UniformSampler, PrioritizedSampler, SequenceSampler, plan
-    from rlstash import EnvPool, Collector, DQN, SAC, DiscreteSAC, RateLimiter
+    from rlstash import ProcessPoolVectorEnv, Collector, DQN, SAC, DiscreteSAC, RateLimiter
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ _EXPORTS: dict[str, str] = {
     "Delivery": "rlstash.device",
     "RateLimiter": "rlstash.ratelimit",
     # envs and collection
-    "EnvPool": "rlstash.envs.pool",
+    "ProcessPoolVectorEnv": "rlstash.envs.process_pool",
     "WorkerFailedError": "rlstash.envs.errors",
+    "EnvPool": "rlstash.envs",  # the old name of ProcessPoolVectorEnv: warns once
     "Collector": "rlstash.collect.sync",
     "AsyncCollector": "rlstash.collect.async_",
     # agents
@@ -60,7 +61,7 @@ __all__ = [
     "Delivery",
     "DiscreteSAC",
     "DiscreteSACConfig",
-    "EnvPool",
+    "ProcessPoolVectorEnv",
     "Field",
     "HistorySummarizer",
     "HistoryWindow",
@@ -102,6 +103,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.collect.sync import Collector
     from rlstash.device import Delivery
     from rlstash.diag.memory import InsufficientMemoryError, MemoryPlan, plan
+    from rlstash.envs.errors import WorkerFailedError
+    from rlstash.envs.process_pool import ProcessPoolVectorEnv
     from rlstash.ratelimit import RateLimiter
     from rlstash.replay import ReplayBuffer
     from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler

@@ -128,13 +128,13 @@ def test_worker_restart_never_stitches_or_bootstraps_from_a_reset_obs(tmp_path, 
     """I7: a worker killed mid-episode (SIGSEGV) is restarted; the step it never finished is
     dropped, the step before it ends the episode as truncated, and no stored transition
     leads from the old episode into the fresh reset observation."""
-    from rlstash.envs import EnvPool
+    from rlstash.envs import ProcessPoolVectorEnv
     from rlstash.envs.testing import CrashEnv
 
     once = str(tmp_path / "crashed")
     fns = [lambda: CrashEnv(crash_at=5, mode="segfault", once_file=once) for _ in range(2)]
     with pytest.warns(Warning):
-        with EnvPool(fns, num_workers=2, seed=0, autoreset_mode=mode) as pool:
+        with ProcessPoolVectorEnv(fns, num_workers=2, seed=0, autoreset_mode=mode) as pool:
             c = Collector(
                 pool, lambda o: torch.zeros(o.shape[0], dtype=torch.int64), frames_per_batch=2 * 12
             )

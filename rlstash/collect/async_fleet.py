@@ -43,7 +43,7 @@ from rlstash.envs import protocol as P
 from rlstash.envs.backend import Backend
 from rlstash.envs.errors import WorkerFailedError
 from rlstash.envs.launch import Launcher, WorkerProcess
-from rlstash.envs.procpool import (
+from rlstash.envs.process_backend import (
     CLOSE_TIMEOUT,
     START_TIMEOUT,
     death_text,

@@ -2,7 +2,7 @@
 
 ::
 
-    pool = EnvPool("CartPole-v1", num_envs=8, seed=0)
+    pool = ProcessPoolVectorEnv("CartPole-v1", num_envs=8, seed=0)
     collector = Collector(pool, policy, frames_per_batch=256, device="cpu")
     for batch in collector:          # stream layout, shape [T, N]: obs, action, reward,
         rb.extend(batch)             # terminated, truncated (+ final_obs in same-step mode)
@@ -12,7 +12,7 @@ CUDA device observations go there through pinned staging and actions come back w
 synchronized copy (invariant I4); with ``device="cpu"`` no CUDA API is touched (I1). The
 caller's current CUDA stream is used unless ``cuda_stream="dedicated"``.
 
-A batch also has ``restarted`` [T, N] (bool) when an EnvPool worker was restarted during
+A batch also has ``restarted`` [T, N] (bool) when an ProcessPoolVectorEnv worker was restarted during
 it: those steps never happened; the stream storage ends the episodes there as truncated at
 the last real observation, never stitched and never bootstrapped from a reset observation.
 
@@ -133,7 +133,7 @@ class Collector:
             rows["truncated"].append(np.asarray(trunc, bool))
             if self.same_step:
                 finals.append(_final_obs(next_obs, info, term | trunc))
-            if "worker_restarted" in info:  # EnvPool: these envs' steps never happened
+            if "worker_restarted" in info:  # ProcessPoolVectorEnv: these envs' steps never happened
                 restarted[t] = np.asarray(info["worker_restarted"], bool)
             self._track(reward, term, trunc)
             self._obs = next_obs

@@ -114,7 +114,7 @@ def diagnose(run_dir: str | os.PathLike = "runs") -> Report:
     r.rows.append(("start methods", ", ".join(methods)))
     if "forkserver" not in methods:
         r.warnings.append(
-            "forkserver is not available; EnvPool falls back to spawn (slower start-up)"
+            "forkserver is not available; ProcessPoolVectorEnv falls back to spawn (slower start-up)"
         )
     return r
 

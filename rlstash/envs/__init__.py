@@ -1,8 +1,18 @@
-"""Parallel environments: :class:`EnvPool` (torch-free worker processes over shared memory).
+"""Parallel environments: :class:`ProcessPoolVectorEnv` (torch-free worker processes over
+shared memory, a drop-in for ``gymnasium.vector.AsyncVectorEnv``).
 
 Nothing under ``rlstash.envs`` imports torch, so worker processes stay small and can never
 touch CUDA (invariant I1).
+
+``EnvPool`` is the former name of :class:`ProcessPoolVectorEnv`; it still resolves (to the
+same class) with a one-time ``FutureWarning``, and will be removed. It was renamed because
+``EnvPool`` is the name of sail-sg/envpool, a different (C++) library.
 """
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
 
 from rlstash.envs.cpus import usable_cpus
 from rlstash.envs.errors import (
@@ -12,14 +22,49 @@ from rlstash.envs.errors import (
     WorkerFailedError,
     WorkerRestartWarning,
 )
-from rlstash.envs.pool import EnvPool
+from rlstash.envs.process_pool import ProcessPoolVectorEnv
 
 __all__ = [
     "AutoChoiceWarning",
-    "EnvPool",
     "OversubscriptionWarning",
+    "ProcessPoolVectorEnv",
     "RestartEvent",
     "WorkerFailedError",
     "WorkerRestartWarning",
     "usable_cpus",
 ]
+
+_RENAMED = {"EnvPool": ProcessPoolVectorEnv}
+_warned: set[str] = set()
+
+
+def __getattr__(name: str) -> Any:
+    """``EnvPool``: the old name of :class:`ProcessPoolVectorEnv` (warns once per process)."""
+    if name not in _RENAMED:
+        raise AttributeError(f"module 'rlstash.envs' has no attribute {name!r}")
+    new = _RENAMED[name]
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(
+            f"rlstash: {name} was renamed {new.__name__} (same class, same arguments); "
+            f"import {new.__name__} instead, {name} will be removed",
+            FutureWarning,
+            stacklevel=_caller_level(),
+        )
+    return new
+
+
+def _caller_level() -> int:
+    """``stacklevel`` pointing at the user's import line (past rlstash's own lazy loader and
+    importlib frames)."""
+    import os
+    import sys
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(package) or "importlib" in frame.f_code.co_filename
+    ):
+        frame = frame.f_back
+        level += 1
+    return level

@@ -1,4 +1,4 @@
-"""Argument checking for :class:`~rlstash.envs.pool.EnvPool` (torch-free).
+"""Argument checking for :class:`~rlstash.envs.process_pool.ProcessPoolVectorEnv` (torch-free).
 
 Every bad argument raises ValueError/TypeError naming the argument, what was expected and
 what came, before any process starts.

@@ -1,4 +1,4 @@
-"""Errors and events of an :class:`~rlstash.envs.pool.EnvPool` (torch-free)."""
+"""Errors and events of an :class:`~rlstash.envs.process_pool.ProcessPoolVectorEnv` (torch-free)."""
 
 from __future__ import annotations
 

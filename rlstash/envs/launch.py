@@ -157,7 +157,7 @@ class Launcher:
             raise ValueError(f"start_method: expected one of {START_METHODS}, got {method!r}")
         if os.name != "posix":  # pragma: no cover - pipes and descriptor passing need POSIX
             raise NotImplementedError(
-                f"EnvPool worker processes need Linux or macOS, this is {sys.platform}; "
+                f"ProcessPoolVectorEnv worker processes need Linux or macOS, this is {sys.platform}; "
                 "use num_workers=0 (envs stepped in this process)"
             )
         self.method = method

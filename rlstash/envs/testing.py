@@ -73,7 +73,7 @@ class CountEnv(gym.Env):
         return np.array([self._seed, 0.0]), ({"reset": True} if self.info_every else {})
 
     def scaled(self, k: int, offset: int = 0) -> int:
-        """``k * episode_len + offset`` (to test ``EnvPool.call`` with arguments)."""
+        """``k * episode_len + offset`` (to test ``ProcessPoolVectorEnv.call`` with arguments)."""
         return k * self.episode_len + offset
 
     def step(self, action: Any):

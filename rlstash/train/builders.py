@@ -67,11 +67,13 @@ def _factory(env_id: str, history: int) -> Any:
 def make_vec_env(
     env_id: str, num_envs: int, workers: int | str, seed: int | None, history: int = 0
 ) -> Any:
-    """A vectorized env: rlstash's EnvPool (``workers=0`` steps in-process)."""
-    from rlstash.envs import EnvPool
+    """A vectorized env: rlstash's ProcessPoolVectorEnv (``workers=0`` steps in-process)."""
+    from rlstash.envs import ProcessPoolVectorEnv
 
-    source = _factory(env_id, history) if history else env_id  # an id: EnvPool makes it itself
-    return EnvPool(source, num_envs=num_envs, num_workers=workers, seed=seed)
+    source = (
+        _factory(env_id, history) if history else env_id
+    )  # an id: ProcessPoolVectorEnv makes it itself
+    return ProcessPoolVectorEnv(source, num_envs=num_envs, num_workers=workers, seed=seed)
 
 
 def make_eval_env(env_id: str, num_envs: int, history: int = 0) -> Any:

@@ -44,7 +44,9 @@ class TrainConfig:
     steps: int = 100_000  # env steps at most
     seed: int = 0
     envs: int = 1  # environments collected from in parallel
-    workers: int | str = 0  # EnvPool worker processes (0: in-process, "auto": timed choice)
+    workers: int | str = (
+        0  # ProcessPoolVectorEnv worker processes (0: in-process, "auto": timed choice)
+    )
     storage: str = "ram"  # ram | disk | tiered (hot on --buffer-device, cold on disk)
     device: str = "auto"  # learner device: auto | cpu | cuda[:N]
     buffer_device: str = "cpu"  # where a RAM buffer / the hot tier lives

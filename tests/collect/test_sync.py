@@ -1,4 +1,4 @@
-"""Collector on gymnasium's SyncVectorEnv (the EnvPool has its own tests)."""
+"""Collector on gymnasium's SyncVectorEnv (the ProcessPoolVectorEnv has its own tests)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Helpers for EnvPool tests: finding our processes, /dev/shm snapshots, scripts in a
+"""Helpers for ProcessPoolVectorEnv tests: finding our processes, /dev/shm snapshots, scripts in a
 subprocess. The misbehaving envs themselves live in :mod:`rlstash.envs.testing` so that
 worker processes can import them without ``tests`` on their path."""
 

@@ -7,7 +7,7 @@ import os
 import psutil
 import pytest
 
-from rlstash.envs import EnvPool, OversubscriptionWarning, usable_cpus
+from rlstash.envs import OversubscriptionWarning, ProcessPoolVectorEnv, usable_cpus
 from rlstash.envs.cpus import _cgroup_quota
 from rlstash.envs.testing import CountEnv
 
@@ -36,15 +36,15 @@ def test_bad_arguments_raise_before_any_process(kwargs, error, match):
     args = {"env_fns": CountEnv, "num_envs": 2, "num_workers": 1, **kwargs}
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     with pytest.raises(error, match=match):
-        EnvPool(**args)
+        ProcessPoolVectorEnv(**args)
     after = {p.pid for p in psutil.Process().children(recursive=True)}
     assert after <= before
 
 
 def test_default_workers_is_usable_cores_capped_by_envs():
-    with EnvPool(CountEnv, num_envs=1) as pool:
+    with ProcessPoolVectorEnv(CountEnv, num_envs=1) as pool:
         assert pool.num_workers == 1
-    with EnvPool(CountEnv, num_envs=8) as pool:
+    with ProcessPoolVectorEnv(CountEnv, num_envs=8) as pool:
         assert pool.num_workers == min(usable_cpus(), 8)
         assert pool.start_method == "forkserver"
 
@@ -53,7 +53,7 @@ def test_far_more_workers_than_cores_warns_once_with_numbers():
     cores = usable_cpus()
     n = 2 * cores + 1
     with pytest.warns(OversubscriptionWarning) as record:
-        pool = EnvPool(CountEnv, num_envs=n, num_workers=n)
+        pool = ProcessPoolVectorEnv(CountEnv, num_envs=n, num_workers=n)
     pool.close()
     assert len(record) == 1
     assert f"num_workers={n} worker processes for {cores} usable CPU core(s)" in str(

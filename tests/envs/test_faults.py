@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from gymnasium import error as gym_error
 
-from rlstash.envs import EnvPool, WorkerFailedError, WorkerRestartWarning
+from rlstash.envs import ProcessPoolVectorEnv, WorkerFailedError, WorkerRestartWarning
 from rlstash.envs.testing import CountEnv, CrashEnv, HangEnv
 from tests.envs.helpers import wait_gone
 
@@ -29,7 +29,7 @@ def _pool(bad, tmp_path, num_workers=2, **kwargs):
     once = str(tmp_path / "once")
     bad_fn = functools.partial(bad, once_file=once) if bad is not CountEnv else bad
     fns = [functools.partial(CountEnv, 100)] * 2 + [bad_fn] * 2
-    return EnvPool(fns, num_workers=num_workers, seed=0, **kwargs)
+    return ProcessPoolVectorEnv(fns, num_workers=num_workers, seed=0, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -133,7 +133,7 @@ def test_same_step_mode_restart_has_no_final_obs(tmp_path):
 
 def test_budget_exhausted_raises_named_error_and_closes(tmp_path):
     fns = [CountEnv] * 2 + [functools.partial(CrashEnv, 1, "exception")] * 2
-    pool = EnvPool(fns, num_workers=2, max_restarts=2)
+    pool = ProcessPoolVectorEnv(fns, num_workers=2, max_restarts=2)
     pool.reset()
     pids = pool.worker_pids
     with pytest.raises(WorkerFailedError) as info:
@@ -157,17 +157,17 @@ def test_factory_failing_at_start_is_reported_with_traceback():
     with pytest.raises(
         WorkerFailedError, match=r"could not start its envs(.|\n)*no such simulator"
     ):
-        EnvPool([CountEnv, broken], num_workers=2)
+        ProcessPoolVectorEnv([CountEnv, broken], num_workers=2)
 
 
 def test_mismatched_spaces_are_refused():
     match = r"env 2: observation_space Box\(0.0, 1.0, \(3,\), float32\) differs from env 0"
     with pytest.raises(ValueError, match=match):  # across workers
-        EnvPool([CountEnv, CountEnv, _other], num_workers=3)
+        ProcessPoolVectorEnv([CountEnv, CountEnv, _other], num_workers=3)
     with pytest.raises(ValueError, match=match):  # in-process
-        EnvPool([CountEnv, CountEnv, _other], num_workers=0)
+        ProcessPoolVectorEnv([CountEnv, CountEnv, _other], num_workers=0)
     with pytest.raises(WorkerFailedError, match=match):  # inside one worker
-        EnvPool([CountEnv, CountEnv, _other], num_workers=1)
+        ProcessPoolVectorEnv([CountEnv, CountEnv, _other], num_workers=1)
 
 
 def _other():
@@ -208,7 +208,7 @@ def test_restart_during_reset(tmp_path):
 
 def test_in_process_exception_rebuilds_envs(tmp_path):
     bad = functools.partial(CrashEnv, 2, "exception", once_file=str(tmp_path / "once"))
-    with EnvPool([CountEnv, bad], num_workers=0) as pool:
+    with ProcessPoolVectorEnv([CountEnv, bad], num_workers=0) as pool:
         pool.reset()
         pool.step(np.zeros(2, dtype=np.int64))
         with pytest.warns(WorkerRestartWarning, match=r"env worker 0 \(envs 0..1\) exception"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import SyncVectorEnv
 
-from rlstash.envs import AutoChoiceWarning, EnvPool, OversubscriptionWarning
+from rlstash.envs import AutoChoiceWarning, OversubscriptionWarning, ProcessPoolVectorEnv
 
 pytestmark = pytest.mark.multiproc
 
@@ -32,7 +32,7 @@ def test_64_cartpoles_match_sync_vector_env(num_workers, reference):
     actions, first, steps = reference
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OversubscriptionWarning)
-        pool = EnvPool("CartPole-v1", N, num_workers=num_workers)
+        pool = ProcessPoolVectorEnv("CartPole-v1", N, num_workers=num_workers)
     with pool:
         assert len(pool.worker_pids) == num_workers
         obs, _ = pool.reset(seed=0)
@@ -50,7 +50,9 @@ def test_64_cartpoles_match_sync_vector_env(num_workers, reference):
 @pytest.mark.parametrize("mode", ["next_step", "disabled"])
 def test_auto_times_both_and_says_which(mode):
     with pytest.warns(AutoChoiceWarning, match=r'num_workers="auto"\) chose') as record:
-        pool = EnvPool("CartPole-v1", 8, num_workers="auto", seed=0, autoreset_mode=mode)
+        pool = ProcessPoolVectorEnv(
+            "CartPole-v1", 8, num_workers="auto", seed=0, autoreset_mode=mode
+        )
     with pool:
         timing = pool.auto_timing
         assert "in_process" in timing

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from rlstash.envs import EnvPool
+from rlstash.envs import ProcessPoolVectorEnv
 from rlstash.envs.testing import CountEnv
 from tests.envs.helpers import (
     finish,
@@ -27,9 +27,9 @@ pytestmark = pytest.mark.multiproc
 
 COLLECT = """
 import os, sys, numpy as np
-from rlstash.envs import EnvPool
+from rlstash.envs import ProcessPoolVectorEnv
 method = sys.argv[1] if len(sys.argv) > 1 else "{method}"
-pool = EnvPool("{env}", 8, num_workers=4, start_method=method, seed=0, env_kwargs={kwargs})
+pool = ProcessPoolVectorEnv("{env}", 8, num_workers=4, start_method=method, seed=0, env_kwargs={kwargs})
 pool.reset()
 actions = np.zeros(8, dtype=np.int64)
 for i in range(20):
@@ -118,7 +118,7 @@ def test_parent_killed_while_a_worker_hangs_in_an_env():
 
 
 def test_garbage_collection_stops_workers():
-    pool = EnvPool(CountEnv, 4, num_workers=2)
+    pool = ProcessPoolVectorEnv(CountEnv, 4, num_workers=2)
     pool.reset()
     pool.step(np.zeros(4, dtype=np.int64))
     pids = pool.worker_pids

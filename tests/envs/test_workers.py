@@ -12,7 +12,7 @@ import numpy as np
 import psutil
 import pytest
 
-from rlstash.envs import EnvPool
+from rlstash.envs import ProcessPoolVectorEnv
 from rlstash.envs.testing import CountEnv
 from tests.envs.helpers import ROOT, kill_tree, start_script, wait_for_line
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.multiproc
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_workers_have_no_torch_hidden_cuda_and_one_thread(method):
     assert "torch" in sys.modules  # the test process has torch (conftest), workers must not
-    with EnvPool(CountEnv, 4, num_workers=2, start_method=method) as pool:
+    with ProcessPoolVectorEnv(CountEnv, 4, num_workers=2, start_method=method) as pool:
         infos = pool.worker_info()
         assert [i["pid"] for i in infos] == pool.worker_pids
         for info in infos:
@@ -36,7 +36,9 @@ def test_workers_have_no_torch_hidden_cuda_and_one_thread(method):
 
 
 def test_worker_env_overrides():
-    with EnvPool(CountEnv, 2, num_workers=1, worker_env={"OMP_NUM_THREADS": "3"}) as pool:
+    with ProcessPoolVectorEnv(
+        CountEnv, 2, num_workers=1, worker_env={"OMP_NUM_THREADS": "3"}
+    ) as pool:
         assert pool.worker_info()[0]["environ"]["OMP_NUM_THREADS"] == "3"
 
 
@@ -59,10 +61,10 @@ def test_script_that_imports_torch_first_still_gets_torch_free_workers():
     proc = start_script(
         """
         import torch
-        from rlstash.envs import EnvPool
+        from rlstash.envs import ProcessPoolVectorEnv
         from rlstash.envs.testing import CountEnv
         for method in ("forkserver", "spawn"):
-            with EnvPool(CountEnv, 2, num_workers=2, start_method=method) as pool:
+            with ProcessPoolVectorEnv(CountEnv, 2, num_workers=2, start_method=method) as pool:
                 has = [any(m.split(".")[0] == "torch" for m in i["modules"]) for i in pool.worker_info()]
                 print("TORCH", method, has, flush=True)
         """
@@ -76,7 +78,7 @@ def test_script_that_imports_torch_first_still_gets_torch_free_workers():
 
 
 def test_workers_ignore_sigint_and_rss_is_small():
-    with EnvPool("CartPole-v1", 8, num_workers=2) as pool:
+    with ProcessPoolVectorEnv("CartPole-v1", 8, num_workers=2) as pool:
         pool.reset(seed=0)
         for pid in pool.worker_pids:
             os.kill(pid, signal.SIGINT)

@@ -1,4 +1,4 @@
-"""EnvPool behaves like gymnasium's vector envs: same results as SyncVectorEnv, same API."""
+"""ProcessPoolVectorEnv behaves like gymnasium's vector envs: same results as SyncVectorEnv, same API."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from gymnasium import error as gym_error
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from rlstash.envs import EnvPool, WorkerFailedError
+from rlstash.envs import ProcessPoolVectorEnv, WorkerFailedError
 from rlstash.envs.testing import CountEnv, SpacesEnv
 
 pytestmark = pytest.mark.multiproc
@@ -41,7 +41,7 @@ def same(a, b) -> bool:
 )
 def test_same_results_as_sync_vector_env(mode, num_workers, factory):
     ref = SyncVectorEnv([factory] * 5, autoreset_mode=GYM_MODE[mode])
-    with EnvPool([factory] * 5, num_workers=num_workers, autoreset_mode=mode) as pool:
+    with ProcessPoolVectorEnv([factory] * 5, num_workers=num_workers, autoreset_mode=mode) as pool:
         assert pool.metadata["autoreset_mode"] == GYM_MODE[mode]
         assert pool.single_observation_space == ref.single_observation_space
         assert pool.observation_space == ref.observation_space
@@ -61,9 +61,9 @@ def test_env_id_lambdas_env_kwargs_and_step_async():
         return gym.make("CartPole-v1", max_episode_steps=7)
 
     pools = [
-        EnvPool("CartPole-v1", 4, num_workers=2, env_kwargs={"max_episode_steps": 7}),
-        EnvPool(lambda: make(), 4, num_workers=2),  # lambdas travel by cloudpickle
-        EnvPool("rlstash/Count-v0", 4, num_workers=2, env_kwargs={"episode_len": 7}),
+        ProcessPoolVectorEnv("CartPole-v1", 4, num_workers=2, env_kwargs={"max_episode_steps": 7}),
+        ProcessPoolVectorEnv(lambda: make(), 4, num_workers=2),  # lambdas travel by cloudpickle
+        ProcessPoolVectorEnv("rlstash/Count-v0", 4, num_workers=2, env_kwargs={"episode_len": 7}),
     ]
     try:
         for pool in pools:
@@ -81,7 +81,7 @@ def test_env_id_lambdas_env_kwargs_and_step_async():
 
 @pytest.fixture(scope="module")
 def pool():
-    with EnvPool(CountEnv, 6, num_workers=2, seed=10) as p:
+    with ProcessPoolVectorEnv(CountEnv, 6, num_workers=2, seed=10) as p:
         yield p
 
 
@@ -112,7 +112,7 @@ def test_actions_validated_before_anything_is_written(pool):
 
 
 def test_nested_action_errors_name_the_leaf():
-    with EnvPool(SpacesEnv, 2, num_workers=0) as pool:
+    with ProcessPoolVectorEnv(SpacesEnv, 2, num_workers=0) as pool:
         pool.reset()
         with pytest.raises(TypeError, match=r"actions: expected a tuple of 2 parts"):
             pool.step(np.zeros(2))
@@ -175,7 +175,7 @@ def test_async_reset_and_call_like_async_vector_env(pool):
 
 
 def test_step_before_reset_and_after_close():
-    pool = EnvPool(CountEnv, 2, num_workers=1)
+    pool = ProcessPoolVectorEnv(CountEnv, 2, num_workers=1)
     with pytest.raises(gym_error.ResetNeeded):
         pool.step(np.zeros(2, dtype=np.int64))
     pool.close()
@@ -187,7 +187,9 @@ def test_step_before_reset_and_after_close():
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_disabled_mode_and_reset_mask(num_workers):
-    with EnvPool(CountEnv, 4, num_workers=num_workers, autoreset_mode="disabled") as pool:
+    with ProcessPoolVectorEnv(
+        CountEnv, 4, num_workers=num_workers, autoreset_mode="disabled"
+    ) as pool:
         pool.reset(seed=0)
         for _ in range(5):
             _, _, term, _, _ = pool.step(np.zeros(4, dtype=np.int64))
@@ -208,7 +210,7 @@ def test_disabled_mode_and_reset_mask(num_workers):
 
 @pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
 def test_start_methods_give_the_same_steps(method):
-    with EnvPool(CountEnv, 3, num_workers=2, start_method=method, seed=4) as pool:
+    with ProcessPoolVectorEnv(CountEnv, 3, num_workers=2, start_method=method, seed=4) as pool:
         assert pool.start_method == method
         obs, _ = pool.reset()
         obs, rew, term, trunc, _ = pool.step(np.array([0, 1, 2]))
@@ -217,10 +219,10 @@ def test_start_methods_give_the_same_steps(method):
 
 
 def test_uneven_split_and_envs_of():
-    with EnvPool(CountEnv, 7, num_workers=3) as pool:
+    with ProcessPoolVectorEnv(CountEnv, 7, num_workers=3) as pool:
         assert [list(pool.envs_of(w)) for w in range(3)] == [[0, 1, 2], [3, 4], [5, 6]]
         assert len(set(pool.worker_pids)) == 3
-        assert "EnvPool(envs, num_envs=7, 3 workers)" == repr(pool)
+        assert "ProcessPoolVectorEnv(envs, num_envs=7, 3 workers)" == repr(pool)
 
 
 def _wrong_shape():
@@ -236,7 +238,7 @@ def test_observation_not_fitting_the_space_names_the_env(num_workers):
     match = (
         r"env 0: observation: expected shape \(3,\) float32 \(from the space\), got shape \(2,\)"
     )
-    pool = EnvPool([_wrong_shape] * 2, num_workers=num_workers, max_restarts=0)
+    pool = ProcessPoolVectorEnv([_wrong_shape] * 2, num_workers=num_workers, max_restarts=0)
     with pytest.raises(WorkerFailedError, match=match):
         pool.reset()
     assert pool.closed or pool._backend.closed
@@ -244,7 +246,7 @@ def test_observation_not_fitting_the_space_names_the_env(num_workers):
 
 def test_gymnasium_vector_wrappers_work_on_top():
     env = gym.wrappers.vector.RecordEpisodeStatistics(
-        EnvPool(functools.partial(CountEnv, 3), 4, num_workers=2)
+        ProcessPoolVectorEnv(functools.partial(CountEnv, 3), 4, num_workers=2)
     )
     env.reset(seed=0)
     for _ in range(3):
@@ -256,7 +258,7 @@ def test_gymnasium_vector_wrappers_work_on_top():
 
 def test_box_actions_pendulum_matches_sync_vector_env():
     ref = SyncVectorEnv([lambda: gym.make("Pendulum-v1")] * 4)
-    with EnvPool("Pendulum-v1", 4, num_workers=2) as pool:
+    with ProcessPoolVectorEnv("Pendulum-v1", 4, num_workers=2) as pool:
         assert same(pool.reset(seed=5), ref.reset(seed=5))
         actions = np.random.default_rng(0).uniform(-2, 2, size=(10, 4, 1)).astype(np.float32)
         for a in actions:

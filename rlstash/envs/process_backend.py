@@ -1,4 +1,4 @@
-"""The multi-process backend of :class:`~rlstash.envs.pool.EnvPool` (torch-free).
+"""The multi-process backend of :class:`~rlstash.envs.process_pool.ProcessPoolVectorEnv` (torch-free).
 
 W workers each hold a contiguous block of envs. A step is: the pool writes the actions into
 shared memory, writes one 5-byte STEP message per worker, then reads one reply per worker

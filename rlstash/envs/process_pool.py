@@ -1,6 +1,6 @@
-"""EnvPool: many gymnasium envs stepped by a few torch-free worker processes.
+"""ProcessPoolVectorEnv: many gymnasium envs stepped by a few torch-free worker processes.
 
-    with EnvPool("CartPole-v1", num_envs=32, num_workers=2, seed=0) as pool:
+    with ProcessPoolVectorEnv("CartPole-v1", num_envs=32, num_workers=2, seed=0) as pool:
         obs, infos = pool.reset()                       # obs: [32, 4] float32
         for _ in range(1000):
             actions = pool.action_space.sample()        # [32] int64
@@ -54,11 +54,11 @@ from rlstash.envs.errors import AutoChoiceWarning, RestartEvent, user_stacklevel
 from rlstash.envs.infos import merge_infos
 from rlstash.envs.inprocess import InProcessBackend
 from rlstash.envs.launch import child_environ
-from rlstash.envs.procpool import ProcessBackend
+from rlstash.envs.process_backend import ProcessBackend
 from rlstash.envs.shm import assemble, copy_tree, flatten_value, leaf_paths
 
 
-class EnvPool(VectorEnv):
+class ProcessPoolVectorEnv(VectorEnv):
     """A vector env over worker processes (or in-process); see the module docstring."""
 
     def __init__(
@@ -190,7 +190,7 @@ class EnvPool(VectorEnv):
         where = f"{w} worker processes" if chosen is not inproc else "in-process (num_workers=0)"
         timing = ", ".join(f"{k}: {v:,.0f} env steps/s" for k, v in self.auto_timing.items())
         warnings.warn(
-            f'EnvPool(num_workers="auto") chose {where} ({timing}); pass num_workers '
+            f'ProcessPoolVectorEnv(num_workers="auto") chose {where} ({timing}); pass num_workers '
             "explicitly to skip the timing",
             AutoChoiceWarning,
             stacklevel=user_stacklevel(),
@@ -238,7 +238,7 @@ class EnvPool(VectorEnv):
         if self._waiting:
             raise gym_error.AlreadyPendingCallError("step_async() called twice", "step")
         if not self._reset_once:
-            raise gym_error.ResetNeeded("EnvPool: call reset() before step()")
+            raise gym_error.ResetNeeded("ProcessPoolVectorEnv: call reset() before step()")
         if self._mode == "disabled" and self._needs_reset.any():
             ended = np.flatnonzero(self._needs_reset).tolist()
             raise RuntimeError(
@@ -332,7 +332,7 @@ class EnvPool(VectorEnv):
         """Stop the workers and release shared memory (also on GC and at exit)."""
         self._finalizer()
 
-    def __enter__(self) -> EnvPool:
+    def __enter__(self) -> ProcessPoolVectorEnv:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -341,7 +341,7 @@ class EnvPool(VectorEnv):
     def __repr__(self) -> str:
         where = f"{self.num_workers} workers" if self.num_workers else "in-process"
         name = self.spec.id if self.spec is not None else "envs"
-        return f"EnvPool({name}, num_envs={self.num_envs}, {where})"
+        return f"ProcessPoolVectorEnv({name}, num_envs={self.num_envs}, {where})"
 
     # --- rlstash extras ---------------------------------------------------------------
     @property
@@ -373,10 +373,12 @@ class EnvPool(VectorEnv):
     # --- internals --------------------------------------------------------------------
     def _check_open(self) -> None:
         if self.closed:
-            raise gym_error.ClosedEnvironmentError("EnvPool is closed")
+            raise gym_error.ClosedEnvironmentError("ProcessPoolVectorEnv is closed")
         if getattr(self._backend, "closed", False):
             self.closed = True
-            raise gym_error.ClosedEnvironmentError("EnvPool is closed (a worker failed)")
+            raise gym_error.ClosedEnvironmentError(
+                "ProcessPoolVectorEnv is closed (a worker failed)"
+            )
 
     def _check_idle(self) -> None:
         self._check_open()
