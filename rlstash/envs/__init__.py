@@ -55,16 +55,20 @@ def __getattr__(name: str) -> Any:
 
 
 def _caller_level() -> int:
-    """``stacklevel`` pointing at the user's import line (past rlstash's own lazy loader and
-    importlib frames)."""
+    """``stacklevel`` pointing at the user's import line (past rlstash's own lazy loader;
+    importlib's frames are skipped by ``warnings.warn`` itself)."""
     import os
     import sys
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     level, frame = 1, sys._getframe(1)
-    while frame is not None and (
-        frame.f_code.co_filename.startswith(package) or "importlib" in frame.f_code.co_filename
-    ):
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if "importlib" in name and "_bootstrap" in name:
+            frame = frame.f_back  # warnings.warn does not count these frames itself
+            continue
+        if not name.startswith(package):
+            break
         frame = frame.f_back
         level += 1
     return level
