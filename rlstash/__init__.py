@@ -5,7 +5,8 @@ never pull in torch)::
 
     from rlstash import Spec, Field, ReplayBuffer, TensorStorage, MemmapStorage, StreamStorage
     from rlstash import UniformSampler, PrioritizedSampler, SequenceSampler, plan
-    from rlstash import ProcessPoolVectorEnv, Collector, DQN, SAC, DiscreteSAC, RateLimiter
+    from rlstash import ProcessPoolVectorEnv, Collector, DQN, SAC, DiscreteSAC, PPO, RateLimiter
+    from rlstash import RolloutStorage
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ _EXPORTS: dict[str, str] = {
     "SACConfig": "rlstash.agents.sac",
     "DiscreteSAC": "rlstash.agents.sac_discrete",
     "DiscreteSACConfig": "rlstash.agents.sac_discrete",
+    "PPO": "rlstash.agents.ppo",
+    "PPOConfig": "rlstash.agents.ppo",
+    "RolloutStorage": "rlstash.storage.rollout",
     "HistorySummarizer": "rlstash.agents.history",
     "HistoryWindow": "rlstash.agents.history",
     "transitions_from_windows": "rlstash.agents.history",
@@ -69,10 +73,13 @@ __all__ = [
     "InsufficientMemoryError",
     "MemmapStorage",
     "MemoryPlan",
+    "PPO",
+    "PPOConfig",
     "PrioritizedSampler",
     "RateLimiter",
     "ReplayBuffer",
     "RingWriter",
+    "RolloutStorage",
     "SAC",
     "SACConfig",
     "SequenceSampler",
@@ -111,4 +118,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.spec import Field, Spec
     from rlstash.storage.disk import MemmapStorage
     from rlstash.storage.ram import TensorStorage
+    from rlstash.storage.rollout import RolloutStorage
     from rlstash.writer import RingWriter

@@ -1,4 +1,4 @@
-"""Agents: DQN, SAC (continuous) and discrete SAC for huge action sets; see :mod:`.base`."""
+"""Agents: DQN, SAC (continuous), discrete SAC for huge action sets and PPO; see :mod:`.base`."""
 
 from rlstash.agents.actions import (
     ActionFeatures,
@@ -17,16 +17,20 @@ from rlstash.agents.actions import (
 )
 from rlstash.agents.base import Agent, AgentBase, check_batch
 from rlstash.agents.dqn import DQN, DQNConfig
+from rlstash.agents.gae import gae, rollout_gae
 from rlstash.agents.history import HistorySummarizer, HistoryWindow, transitions_from_windows
+from rlstash.agents.ppo import PPO, PPOConfig
 from rlstash.agents.sac import SAC, SACConfig
 from rlstash.agents.sac_discrete import DiscreteSAC, DiscreteSACConfig
 from rlstash.agents.schedules import ConstantSchedule, LinearSchedule, epsilon_schedule
 
-ALGOS = {"dqn": DQN, "sac": SAC, "sac_discrete": DiscreteSAC}
+ALGOS = {"dqn": DQN, "sac": SAC, "sac_discrete": DiscreteSAC, "ppo": PPO}
 
 __all__ = [
     "ALGOS",
     "DQN",
+    "PPO",
+    "PPOConfig",
     "SAC",
     "ActionFeatures",
     "ActionHead",
@@ -48,6 +52,8 @@ __all__ = [
     "chunked_argmax",
     "chunked_logsumexp",
     "epsilon_schedule",
+    "gae",
+    "rollout_gae",
     "gumbel_scores",
     "pack_mask",
     "sample_softmax",

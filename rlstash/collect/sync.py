@@ -96,6 +96,14 @@ class Collector:
         while self.total_frames is None or self.frames < self.total_frames:
             yield self.collect()
 
+    @property
+    def next_obs(self) -> torch.Tensor:
+        """The observations the next batch starts from, [N, *obs_shape] on the host (after a
+        batch: the observation after its last step, which on-policy learners bootstrap from)."""
+        if self._obs is None:
+            self.reset()
+        return torch.from_numpy(np.array(self._obs, copy=True))
+
     def reset(self, seed: int | None = None) -> None:
         self._obs, _ = self.env.reset(seed=seed if seed is not None else self._seed)
         self._seed = None

@@ -1,0 +1,359 @@
+"""PPO (Schulman et al. 2017): clipped surrogate, GAE(lambda), categorical or Gaussian policies.
+
+One update consumes one [T, N] rollout (:class:`rlstash.storage.rollout.RolloutStorage`)::
+
+    old log pi, V(s), V(s')   under the current networks, once for all T * N rows
+    A, R = GAE(lambda)        (rlstash.agents.gae; truncated episodes bootstrap from V(final obs))
+    for each of n_epochs epochs, for each shuffled minibatch of batch_size valid-weighted rows:
+        A_n     = (A - mean A) / (std A + 1e-8)                        per minibatch
+        rho     = exp(log pi(a|s) - old log pi(a|s))
+        L_pi    = mean max(-A_n rho, -A_n clip(rho, 1 - eps, 1 + eps))
+        L_V     = mean (V(s) - R)^2, or with clip_range_vf:
+                  mean max((V - R)^2, (V_old + clip(V - V_old, -eps_v, eps_v) - R)^2)
+        L       = L_pi + vf_coef L_V - ent_coef mean H(pi(.|s))
+        clip the global gradient norm to max_grad_norm, Adam step (fused)
+    stop after an epoch whose mean approx KL E[(rho - 1) - log rho] exceeds target_kl
+
+Rows that are no real step (reset steps of next-step autoreset, restarted workers) take part
+with weight 0. Learning rate and clip range anneal linearly to 0 over ``total_steps`` env steps
+when asked. Observation normalisation (running mean/std, statistics frozen during a rollout and
+updated after its update, so behaviour and update see the same inputs) and reward scaling by
+the running std of the discounted return are options; their statistics are in the state dict.
+
+Metrics stay on the device as 0-dim tensors; nothing is read on the host per minibatch
+(``target_kl`` reads one number per epoch). Categorical policies never build a one-hot or a
+[B, n] tensor beyond ``action_chunk`` columns (:mod:`rlstash.agents.categorical`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlstash.agents.actions import ActionFeatures, ActionMask, chunked_argmax, gumbel_scores
+from rlstash.agents.base import AgentBase, ConfigMixin, check_positive, hp, seeded_init
+from rlstash.agents.categorical import log_prob_entropy
+from rlstash.agents.gae import rollout_gae
+from rlstash.agents.normalize import ObsNormalizer, RewardScaler
+from rlstash.agents.policies import CategoricalActorCritic, GaussianActorCritic
+from rlstash.storage.rollout import RolloutStorage
+
+# CartPole: rl-baselines3-zoo hyperparams/ppo.yml. MuJoCo: CleanRL's ppo_continuous_action.py.
+_MUJOCO = {"n_steps": 2048, "batch_size": 64, "n_epochs": 10, "learning_rate": 3e-4,
+           "anneal_lr": True, "clip_range_vf": 0.2, "norm_obs": True, "norm_reward": True}  # fmt: skip
+PRESETS: dict[str, dict[str, Any]] = {
+    "CartPole-v1": {
+        "num_envs": 8,
+        "n_steps": 32,
+        "batch_size": 256,
+        "gae_lambda": 0.8,
+        "gamma": 0.98,
+        "n_epochs": 20,
+        "ent_coef": 0.0,
+        "learning_rate": 1e-3,
+        "anneal_lr": True,
+        "anneal_clip_range": True,
+    },  # fmt: skip
+    **{env: dict(_MUJOCO) for env in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5")},
+}
+METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm")
+
+
+@dataclass
+class PPOConfig(ConfigMixin):
+    """PPO hyperparameters (Stable-Baselines3's defaults; presets per env in ``PRESETS``)."""
+
+    learning_rate: float = hp(3e-4, "Adam learning rate (start value when annealed).")
+    anneal_lr: bool = hp(False, "Anneal the learning rate linearly to 0 over total_steps.")
+    num_envs: int = hp(1, "Envs collected from in parallel (a rollout is n_steps x num_envs).")
+    n_steps: int = hp(2048, "Steps per env per rollout (T).")
+    batch_size: int = hp(64, "Minibatch size (rows of the T x N rollout).")
+    n_epochs: int = hp(10, "Passes over each rollout.")
+    gamma: float = hp(0.99, "Discount factor.")
+    gae_lambda: float = hp(0.95, "GAE lambda.")
+    clip_range: float = hp(0.2, "Clip range of the probability ratio.")
+    anneal_clip_range: bool = hp(False, "Anneal the clip range linearly to 0 over total_steps.")
+    clip_range_vf: float | None = hp(None, "Clip range of the value change (None: no clipping).")
+    normalize_advantage: bool = hp(True, "Normalize advantages per minibatch.")
+    ent_coef: float = hp(0.0, "Entropy bonus coefficient.")
+    vf_coef: float = hp(0.5, "Value loss coefficient.")
+    max_grad_norm: float = hp(0.5, "Clip the global gradient norm to this.")
+    target_kl: float | None = hp(None, "Stop the epochs once an epoch's mean approx KL exceeds it.")
+    norm_obs: bool = hp(False, "Normalize observations by running mean/std (clipped).")
+    norm_reward: bool = hp(False, "Scale rewards by the running std of discounted returns.")
+    clip_obs: float = hp(10.0, "Clip normalized observations to +-this.")
+    clip_reward: float = hp(10.0, "Clip scaled rewards to +-this.")
+    net_arch: tuple[int, ...] = hp((64, 64), "Hidden layers of the policy and value networks.")
+    activation: str = hp("tanh", "Hidden activation: tanh or relu.")
+    ortho_init: bool = hp(True, "Orthogonal initialization (SB3/CleanRL).")
+    log_std_init: float = hp(0.0, "Initial log std of Gaussian policies.")
+    bound: str = hp("clip", "Gaussian bounds: 'clip' (env clips samples) or 'tanh' (squash).")
+    action_head: str = hp("linear", "'linear' (a weight row per action) or 'embedding'.")
+    action_embed_dim: int = hp(64, "Learned action-embedding width (embedding head).")
+    learn_action_embeddings: bool = hp(True, "Learn the action table; False keeps features fixed.")
+    action_chunk: int = hp(8192, "Actions scored per chunk; extra memory O(batch * chunk).")
+    adam_eps: float = hp(1e-5, "Adam epsilon.")
+    total_steps: int = hp(1_000_000, "Env steps of the run (the annealing horizon).")
+    seed: int = hp(0, "Seed of the network init and of the policy's sampling.")
+
+    PRESETS = PRESETS
+
+    def __post_init__(self) -> None:
+        self.net_arch = tuple(self.net_arch)
+        check_positive(self, "learning_rate", "num_envs", "n_steps", "batch_size", "n_epochs")
+        check_positive(self, "clip_range", "max_grad_norm", "action_chunk", "total_steps")
+        check_positive(self, "clip_obs", "clip_reward", "adam_eps")
+        for name in ("gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name}: expected a value in [0, 1], got {getattr(self, name)}")
+        for name in ("ent_coef", "vf_coef"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)}")
+        for name in ("clip_range_vf", "target_kl"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name}: expected > 0 or None (off), got {value!r}")
+        if any((not isinstance(h, int)) or h <= 0 for h in self.net_arch):
+            raise ValueError(f"net_arch: expected positive layer widths, got {self.net_arch!r}")
+
+
+class PPO(AgentBase):
+    """PPO over ``n_actions`` discrete actions or a Box of ``bounds`` = (low, high)."""
+
+    algo = "ppo"
+
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        n_actions: int | None = None,
+        bounds: tuple[np.ndarray, np.ndarray] | None = None,
+        config: PPOConfig | None = None,
+        device: torch.device | str = "cpu",
+        act_device: torch.device | str | None = None,
+        action_features: torch.Tensor | ActionFeatures | None = None,
+    ):
+        cfg = self.config = config if config is not None else PPOConfig()
+        if not isinstance(cfg, PPOConfig):
+            raise TypeError(f"config: expected a PPOConfig, got {type(cfg).__name__}")
+        if (n_actions is None) == (bounds is None):
+            raise ValueError("PPO: give exactly one of n_actions (discrete) or bounds (continuous)")
+        if n_actions is not None and (
+            isinstance(n_actions, bool) or not isinstance(n_actions, int) or n_actions < 1
+        ):
+            raise ValueError(f"n_actions: expected an int >= 1, got {n_actions!r}")
+        self.obs_shape, self.n_actions = tuple(obs_shape), n_actions
+        if isinstance(action_features, torch.Tensor):
+            action_features = ActionFeatures(action_features)
+        self._init_devices(device, act_device, cfg.seed)
+        with seeded_init(cfg.seed):
+            if n_actions is not None:
+                policy: Any = CategoricalActorCritic(
+                    self.obs_shape, n_actions, cfg.net_arch, cfg.activation, cfg.action_head,
+                    cfg.action_embed_dim, action_features, cfg.learn_action_embeddings,
+                    cfg.ortho_init,
+                )  # fmt: skip
+            else:
+                low, high = bounds
+                policy = GaussianActorCritic(self.obs_shape, low, high, cfg.net_arch, cfg.activation,
+                                             cfg.log_std_init, cfg.bound, cfg.ortho_init)  # fmt: skip
+        nets: dict[str, Any] = {"policy": policy}
+        names: tuple[str, ...] = ("policy",)
+        if cfg.norm_obs:
+            nets["obs_norm"], names = (
+                ObsNormalizer(self.obs_shape, cfg.clip_obs),
+                ("policy", "obs_norm"),
+            )
+        if cfg.norm_reward:
+            nets["reward_scaler"] = RewardScaler(cfg.gamma, cfg.clip_reward)
+        self._setup(nets, names, {"policy": lambda: _adam(self.nets["policy"], cfg)})
+
+    # --- acting ----------------------------------------------------------------------------
+
+    def _pre(self, obs: torch.Tensor, nets: dict[str, Any]) -> torch.Tensor:
+        """Observations as the networks take them: normalized, or float (uint8 images kept)."""
+        if "obs_norm" in nets:
+            return nets["obs_norm"](obs)
+        return obs if obs.dtype == torch.uint8 and obs.dim() == 4 else obs.float()
+
+    @torch.no_grad()
+    def act(
+        self, obs: torch.Tensor, deterministic: bool = False, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """a ~ pi(.|s) ([N] int64 or [N, act_dim] float) on ``act_device``; the mode when
+        ``deterministic``. Masked discrete actions are never chosen. Gaussian 'clip' samples
+        are not clipped (the env clips them; see :mod:`rlstash.agents.policies`)."""
+        obs = self._prepare_obs(obs, self.obs_shape)  # [N, *obs_shape]
+        rows, net = obs.shape[0], self.actor["policy"]
+        x = self._pre(obs, self.actor)
+        if self.n_actions is None:
+            action = net.sample(x, self.act_gen, deterministic)  # [N, act_dim]
+        else:
+            amask = self._prepare_mask(mask, self.n_actions, rows)
+            logit_fn = net.head.score_fn(net.embed(x))  # chunks of [N, c]
+            if not deterministic:
+                logit_fn = gumbel_scores(logit_fn, self.act_gen)  # argmax = a sample of pi
+            best, action = chunked_argmax(logit_fn, self.n_actions, self.config.action_chunk, amask)
+            if amask is not None:
+                self._check_available(best)
+        self.env_steps += 0 if deterministic else rows
+        return action
+
+    def log_prob_entropy(
+        self, x: torch.Tensor, action: torch.Tensor, mask: ActionMask | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log pi(action|s) [B], H(pi(.|s)) [B]) for preprocessed observations ``x``."""
+        net = self.nets["policy"]
+        if self.n_actions is None:
+            return net.log_prob_entropy(x, action)
+        return log_prob_entropy(net.head, net.embed(x), action, self.config.action_chunk, mask)
+
+    # --- learning --------------------------------------------------------------------------
+
+    def progress_remaining(self) -> float:
+        """1 at the start of the run, 0 after ``total_steps`` env steps (annealing)."""
+        return max(0.0, 1.0 - self.env_steps / self.config.total_steps)
+
+    def update(self, rollout: RolloutStorage) -> dict[str, Any]:
+        """One PPO update on ``rollout`` (module docstring); metrics as 0-dim device tensors
+        (means over the minibatches run) plus the host numbers ``epochs``, ``learning_rate``
+        and ``clip_range``."""
+        cfg, opt = self.config, self.optims["policy"]
+        if not isinstance(rollout, RolloutStorage) or not rollout.filled:
+            raise ValueError(
+                "rollout: expected a RolloutStorage holding a rollout (call add first)"
+            )
+        data = self.prepare(rollout)
+        progress = self.progress_remaining()
+        lr = cfg.learning_rate * (progress if cfg.anneal_lr else 1.0)
+        clip = cfg.clip_range * (progress if cfg.anneal_clip_range else 1.0)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        sums = torch.zeros(len(METRICS), device=self.device)
+        batches, epochs = 0, 0
+        for _ in range(cfg.n_epochs):
+            epochs += 1
+            epoch_kl, epoch_batches = torch.zeros((), device=self.device), 0
+            for idx in rollout.minibatches(cfg.batch_size, self.learn_gen):
+                stats = self._minibatch(data, idx.to(self.device), clip)  # [len(METRICS)]
+                sums += stats
+                epoch_kl += stats[3]
+                batches, epoch_batches = batches + 1, epoch_batches + 1
+            if cfg.target_kl is not None and float(epoch_kl) / epoch_batches > cfg.target_kl:
+                break  # one host read per epoch, only with target_kl
+        if "obs_norm" in self.nets:  # the next rollout sees statistics that include this one
+            self.nets["obs_norm"].rms.update(data["raw_obs"], data["valid"])
+        self.sync_actor()
+        out: dict[str, Any] = dict(zip(METRICS, (sums / batches).unbind()))
+        out["explained_variance"] = data["explained_variance"]
+        out.update(epochs=epochs, learning_rate=lr, clip_range=clip)
+        return out
+
+    def _minibatch(
+        self, data: dict[str, torch.Tensor], idx: torch.Tensor, clip: float
+    ) -> torch.Tensor:
+        """One gradient step on rows ``idx``; returns the METRICS as one [6] tensor."""
+        cfg, net = self.config, self.nets["policy"]
+        w = data["valid"][idx].float()  # [B]; 0 for rows that are no real step
+        n_w = w.sum().clamp_min(1.0)
+        mask = (
+            None
+            if "action_mask" not in data
+            else ActionMask(data["action_mask"][idx], self.n_actions)
+        )
+        x = data["obs"][idx]
+        logp, entropy = self.log_prob_entropy(x, data["action"][idx], mask)  # [B], [B]
+        value = net.value(x)  # [B]
+        adv = data["advantages"][idx]  # [B]
+        if cfg.normalize_advantage:
+            mean = (w * adv).sum() / n_w
+            std = ((w * (adv - mean) ** 2).sum() / (n_w - 1).clamp_min(1.0)).sqrt()
+            adv = (adv - mean) / (std + 1e-8)
+        log_ratio = logp - data["logp"][idx]
+        ratio = log_ratio.exp()
+        pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip))  # [B]
+        ret, old_v = data["returns"][idx], data["values"][idx]
+        v_loss = (value - ret) ** 2
+        if cfg.clip_range_vf is not None:
+            clipped = old_v + (value - old_v).clamp(-cfg.clip_range_vf, cfg.clip_range_vf)
+            v_loss = torch.maximum(v_loss, (clipped - ret) ** 2)
+
+        def wmean(t: torch.Tensor) -> torch.Tensor:
+            return (w * t).sum() / n_w
+
+        policy_loss, value_loss, ent = wmean(pg), wmean(v_loss), wmean(entropy)
+        loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * ent
+        opt = self.optims["policy"]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self._params, cfg.max_grad_norm, foreach=True)
+        opt.step()
+        self.updates += 1
+        with torch.no_grad():
+            kl = wmean((ratio - 1) - log_ratio)
+            clip_frac = wmean(((ratio - 1).abs() > clip).float())
+            return torch.stack([policy_loss, value_loss, ent, kl, clip_frac, norm]).detach()
+
+    @property
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for group in self.optims["policy"].param_groups for p in group["params"]]
+
+    @torch.no_grad()
+    def prepare(self, rollout: RolloutStorage) -> dict[str, torch.Tensor]:
+        """Flat [T * N] tensors on the learner's device: preprocessed obs, action, valid,
+        old log pi, V(s), GAE advantages and returns, explained variance."""
+        rollout = rollout.to(self.device)
+        reward = rollout.reward
+        if "reward_scaler" in self.nets:
+            done = rollout.terminated | rollout.truncated
+            reward = self.nets["reward_scaler"].scale(reward, done, rollout.valid)
+        adv, ret, values = rollout_gae(rollout, self._values, self.config.gamma,
+                                       self.config.gae_lambda, reward)  # fmt: skip
+        raw = rollout.flat("obs")  # [T * N, ...]
+        data = {"obs": self._pre(raw, self.nets), "raw_obs": raw,
+                "action": rollout.flat("action"), "valid": rollout.valid.reshape(-1),
+                "values": values.reshape(-1), "advantages": adv.reshape(-1),
+                "returns": ret.reshape(-1)}  # fmt: skip
+        mask = None
+        if rollout.action_mask is not None:
+            data["action_mask"] = rollout.flat("action_mask")
+            mask = ActionMask(data["action_mask"], self.n_actions)
+        data["logp"] = self._old_logp(data["obs"], data["action"], mask)
+        w = data["valid"].float()
+        resid, target = data["returns"] - data["values"], data["returns"]
+        data["explained_variance"] = 1 - _wvar(resid, w) / _wvar(target, w).clamp_min(1e-12)
+        return data
+
+    def _values(self, obs: torch.Tensor) -> torch.Tensor:
+        """V(s) [B] of stored observations, in pieces of 4096 rows."""
+        net = self.nets["policy"]
+        return torch.cat([net.value(self._pre(part, self.nets)) for part in obs.split(4096)])
+
+    def _old_logp(
+        self, x: torch.Tensor, action: torch.Tensor, mask: ActionMask | None
+    ) -> torch.Tensor:
+        """log pi(a|s) of the behaviour policy, in pieces of a minibatch (bounded memory)."""
+        huge = self.n_actions is not None and self.n_actions > self.config.action_chunk
+        size, parts = (self.config.batch_size if huge else 4096), []
+        for start in range(0, x.shape[0], size):
+            sl = slice(start, start + size)
+            m = None if mask is None else ActionMask(mask.mask[sl], self.n_actions)
+            parts.append(self.log_prob_entropy(x[sl], action[sl], m)[0])
+        return torch.cat(parts)
+
+
+def _wvar(t: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    n = w.sum().clamp_min(1.0)
+    mean = (w * t).sum() / n
+    return (w * (t - mean) ** 2).sum() / n
+
+
+def _adam(net: torch.nn.Module, cfg: PPOConfig) -> torch.optim.Adam:
+    """Adam (eps as SB3/CleanRL: 1e-5), fused where supported, else multi-tensor."""
+    params = list(net.parameters())
+    try:
+        return torch.optim.Adam(params, lr=cfg.learning_rate, eps=cfg.adam_eps, fused=True)
+    except (RuntimeError, ValueError, TypeError):
+        return torch.optim.Adam(params, lr=cfg.learning_rate, eps=cfg.adam_eps, foreach=True)

@@ -1,0 +1,221 @@
+"""RolloutStorage: one on-policy rollout of T steps of N envs, [T, N], on any device.
+
+PPO and other on-policy learners consume each rollout once, right after collecting it::
+
+    rollout = RolloutStorage(Spec({"obs": ((4,), "float32"), "action": ((), "int64")}),
+                             steps=32, num_envs=8, device="cpu")
+    batch = collector.collect()                 # [T, N] fields from rlstash.collect.Collector
+    rollout.add(batch, collector.next_obs)      # + the observation after the last step [N, ...]
+    for idx in rollout.minibatches(256, generator):   # shuffled row indices into T * N
+        ...
+
+The storage lives on ``device`` (where the env data arrives: the host for the process pool,
+the env's GPU for GPU-batched envs); ``add`` copies into preallocated tensors and derives, with
+whole-tensor operations only (no host read, so no synchronization on a GPU):
+
+=========== ================ ===================================================================
+field       shape            meaning
+=========== ================ ===================================================================
+obs         [T + 1, N, ...]  row t: the observation action t was taken from; row T: the one after
+action      [T, N, ...]      as the collector stored it (int64 indices, or float vectors)
+reward      [T, N] float32
+terminated, [T, N] bool      as the env reported them
+truncated
+final_obs   [T, N, ...]      same-step autoreset only: the final observation of an episode
+                             ending at t (the next row then holds the reset observation)
+valid       [T, N] bool      a real step: False for next-step autoreset's reset steps (the row
+                             after an episode end, whose action the env ignored) and for steps
+                             of a restarted worker (they never happened)
+cont        [T, N] bool      step t+1 continues step t's episode (see :mod:`rlstash.agents.gae`)
+action_mask [T, N, ...]      when the spec has it
+=========== ================ ===================================================================
+
+The observation step t led to is ``obs[t + 1]``, except in same-step mode where an episode
+ended at t: there it is ``final_obs[t]``. In next-step mode ``obs[t + 1]`` *is* the final
+observation after an episode end (the reset comes one step later), and for the last row
+``obs[T]`` is what the collector holds next, so truncated and running episodes bootstrap from
+the right observation in both modes. Whether row 0 is a reset step depends on the previous
+rollout's last row: that flag is carried over (and saved in ``state_dict``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from rlstash.spec import Batch, Spec
+
+_FLAGS = ("reward", "terminated", "truncated")
+_TENSORS = ("obs", "action", "action_mask", "final_obs", *_FLAGS, "valid", "cont", "_after_done")
+
+
+class RolloutStorage:
+    """[T, N] rollout storage (module docstring); ``spec`` holds ``obs`` and ``action`` per step
+    (and optionally ``action_mask``)."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        steps: int,
+        num_envs: int,
+        device: torch.device | str = "cpu",
+        same_step: bool = False,
+    ) -> None:
+        for name, value in (("steps", steps), ("num_envs", num_envs)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        if not isinstance(spec, Spec) or "obs" not in spec or "action" not in spec:
+            raise ValueError(f"spec: expected a Spec with 'obs' and 'action' fields, got {spec!r}")
+        unknown = sorted(set(spec) - {"obs", "action", "action_mask"})
+        if unknown:
+            raise ValueError(
+                f"spec: unexpected fields {unknown}; expected obs, action, action_mask"
+            )
+        self.spec, self.steps, self.num_envs = spec, steps, num_envs
+        self.device, self.same_step = torch.device(device), bool(same_step)
+        T, N = steps, num_envs
+
+        def alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=self.device)
+
+        obs = spec["obs"]
+        self.obs = alloc((T + 1, N, *obs.shape), obs.dtype)
+        self.action = alloc((T, N, *spec["action"].shape), spec["action"].dtype)
+        self.action_mask = None
+        if "action_mask" in spec:
+            self.action_mask = alloc((T, N, *spec["action_mask"].shape), spec["action_mask"].dtype)
+        self.final_obs = alloc((T, N, *obs.shape), obs.dtype) if same_step else None
+        self.reward = alloc((T, N), torch.float32)
+        self.terminated, self.truncated = alloc((T, N), torch.bool), alloc((T, N), torch.bool)
+        self.valid, self.cont = alloc((T, N), torch.bool), alloc((T, N), torch.bool)
+        self._after_done = alloc((N,), torch.bool)  # next-step mode: row 0 is a reset step
+        self.filled = False
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the rollout's tensors."""
+        tensors = [self.obs, self.action, self.reward, self.terminated, self.truncated,
+                   self.valid, self.cont, self.final_obs, self.action_mask]  # fmt: skip
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    @property
+    def size(self) -> int:
+        """Rows per rollout: T * N."""
+        return self.steps * self.num_envs
+
+    def add(self, batch: Mapping[str, torch.Tensor], next_obs: torch.Tensor) -> None:
+        """Replace the rollout by ``batch`` ([T, N] fields of a collector) and ``next_obs`` [N, ...]
+        (the observation after its last step). Validates everything first: a bad batch changes
+        nothing."""
+        data = self._checked(batch, next_obs)
+        done = data["terminated"] | data["truncated"]  # [T, N]
+        if self.same_step:
+            after = torch.zeros_like(done)
+        else:  # next-step autoreset: the row after an episode end is a reset step
+            after = torch.cat([self._after_done[None], done[:-1]])  # [T, N]
+        valid = ~after
+        if "restarted" in data:
+            valid &= ~data["restarted"]
+        nxt = torch.cat([valid[1:], torch.ones_like(valid[:1])])  # [T, N]: row t+1 is a real step
+        self.obs[: self.steps].copy_(data["obs"])
+        self.obs[self.steps].copy_(data["next_obs"])
+        for name in ("action", *_FLAGS):
+            getattr(self, name).copy_(data[name])
+        if self.action_mask is not None:
+            self.action_mask.copy_(data["action_mask"])
+        if self.final_obs is not None:
+            self.final_obs.copy_(data["final_obs"])
+        self.valid.copy_(valid)
+        self.cont.copy_(~done & nxt)
+        if not self.same_step:
+            self._after_done.copy_(done[-1])
+        self.filled = True
+
+    def _checked(self, batch: Mapping[str, torch.Tensor], next_obs: torch.Tensor) -> Batch:
+        T, N = self.steps, self.num_envs
+        if not isinstance(batch, Mapping):
+            raise TypeError(f"batch: expected a dict of [T, N] tensors, got {type(batch).__name__}")
+        want: dict[str, tuple[tuple[int, ...], torch.dtype | None]] = {
+            name: ((T, N, *f.shape), f.dtype) for name, f in self.spec.items()
+        }
+        want.update({"reward": ((T, N), None), "terminated": ((T, N), torch.bool),
+                     "truncated": ((T, N), torch.bool)})  # fmt: skip
+        if self.same_step:
+            want["final_obs"] = ((T, N, *self.spec["obs"].shape), self.spec["obs"].dtype)
+        optional = {"restarted": ((T, N), torch.bool)}
+        out: Batch = {}
+        for name, (shape, dtype) in {**want, **optional}.items():
+            if name not in batch:
+                if name in optional:
+                    continue
+                raise ValueError(f"batch: missing field {name!r} (got {sorted(batch)})")
+            out[name] = _field(f"batch[{name!r}]", batch[name], shape, dtype, self.device)
+        if "reward" in out and not out["reward"].is_floating_point():
+            raise TypeError(f"batch['reward']: expected a float tensor, got {out['reward'].dtype}")
+        out["reward"] = out["reward"].float()
+        obs = self.spec["obs"]
+        out["next_obs"] = _field("next_obs", next_obs, (N, *obs.shape), obs.dtype, self.device)
+        return out
+
+    def flat(self, name: str) -> torch.Tensor:
+        """Field ``name`` with T and N merged: [T * N, ...] (a view; ``obs`` without row T)."""
+        t = getattr(self, name)
+        if name == "obs":
+            t = t[: self.steps]
+        return t.reshape(self.size, *t.shape[2:])
+
+    def minibatches(self, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+        """Shuffled row indices into the T * N rows (int64 on ``generator``'s device), in chunks
+        of ``batch_size`` (the last one smaller when it does not divide T * N)."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+        perm = torch.randperm(self.size, generator=generator, device=generator.device)
+        yield from perm.split(batch_size)
+
+    def to(self, device: torch.device | str) -> RolloutStorage:
+        """This rollout on ``device``: ``self`` when it is there already, else a copy (blocking
+        copies, safe to read when this returns)."""
+        device = torch.device(device)
+        here = self.device
+        if here.type == device.type and (here.index is None or device.index in (None, here.index)):
+            return self
+        out = copy.copy(self)
+        for name in _TENSORS:
+            t = getattr(self, name)
+            setattr(out, name, None if t is None else t.to(device))
+        out.device = device
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """What carries over to the next rollout (whether row 0 will be a reset step)."""
+        return {"after_done": self._after_done.cpu()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        after = state["after_done"]
+        if tuple(after.shape) != (self.num_envs,):
+            raise ValueError(
+                f"state['after_done']: expected shape [{self.num_envs}] (num_envs), got "
+                f"{list(after.shape)}; resume with the same number of envs"
+            )
+        self._after_done.copy_(after.to(self.device))
+
+
+def _field(
+    name: str,
+    value: Any,
+    shape: tuple[int, ...],
+    dtype: torch.dtype | None,
+    device: torch.device,
+) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
+    if tuple(value.shape) != shape:
+        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(value.shape)}")
+    if dtype is not None and value.dtype != dtype:
+        if dtype == torch.bool or (value.is_floating_point() and not dtype.is_floating_point):
+            raise TypeError(f"{name}: expected {dtype}, got {value.dtype}")
+        value = value.to(dtype)
+    return value.to(device)
