@@ -39,6 +39,7 @@ import torch
 
 from rlstash.core import Index, SampleContext, Sampler, Storage
 from rlstash.device import Delivery
+from rlstash.indices import as_rows
 from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler
 from rlstash.spec import Batch
 from rlstash.writer import RingWriter
@@ -264,7 +265,7 @@ class ReplayBuffer:
             raise TypeError(
                 f"update_priorities: {type(self.sampler).__name__} has no priorities; use PrioritizedSampler"
             )
-        index = _host_numpy(index, "index").astype(np.int64, copy=False)
+        index = as_rows(index, self.capacity, "index", lazy=True)  # the sampler checks the range
         priority = _host_numpy(priority, "priority")
         with self._lock:
             update(index, priority)

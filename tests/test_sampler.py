@@ -240,7 +240,7 @@ def test_duplicate_indices_last_write_wins_and_torch_input():
         ([0, 1], [1.0], ValueError, r"expected one per index \(2\), got 1"),
         ([0, 10], [1.0, 1.0], ValueError, r"rows in \[0, 10\)"),
         ([-1], [1.0], ValueError, r"rows in \[0, 10\)"),
-        ([0.0], [1.0], TypeError, "indices: expected an integer array"),
+        ([0.0], [1.0], TypeError, r"indices: expected .*integer array.*float64 values \[0\.0\]"),
         ([0], [True], TypeError, "priorities: expected a float array"),
         ([8], [1.0], ValueError, "never written"),
         ([0], ["a"], TypeError, "priorities"),
@@ -577,3 +577,60 @@ def test_weights_use_the_exact_minimum_after_it_is_overwritten():
     s.update_priorities(np.array([1, 2]), np.array([3.0, 5.0]))  # both holders of the min go
     idx, extra = s.sample(64, ctx)
     np.testing.assert_allclose(extra["weight"], 2.0 / s.priorities(idx), rtol=1e-6)
+
+
+# ------------------------------------------------------------------ bad indices (I8, issue 9)
+def _buffer_with_priorities():
+    from rlstash.replay import ReplayBuffer
+    from rlstash.spec import Field, Spec
+    from rlstash.storage import TensorStorage
+
+    rb = ReplayBuffer(
+        TensorStorage(Spec({"x": Field((), torch.float32)}), 10), PrioritizedSampler()
+    )
+    rb.extend({"x": torch.arange(5.0)})
+    rb.update_priorities(np.arange(5), np.arange(1.0, 6.0))
+    return rb
+
+
+BAD_INDEX_TYPES = [
+    ([0.7, 2.9], r"float64 values \[0\.7, 2\.9\]"),
+    (np.array([0.0, 1.0]), r"float64 values \[0\.0, 1\.0\]"),
+    (torch.tensor([0.5, 1.5]), r"float32 values \[0\.5, 1\.5\]"),
+    ([float("nan")], r"values \[nan\]"),
+    (np.array([True, False]), r"bool values \[True, False\].*flatnonzero"),
+    (torch.tensor([True, False]), r"bool values \[True, False\].*flatnonzero"),
+]
+
+
+@pytest.mark.parametrize("index, text", BAD_INDEX_TYPES)
+def test_update_priorities_refuses_float_and_bool_indices(index, text):
+    rb = _buffer_with_priorities()
+    before = rb.sampler.priorities(np.arange(5)).copy()
+    with pytest.raises(TypeError, match=text):
+        rb.update_priorities(index, np.full(len(index), 9.0))
+    with pytest.raises(TypeError, match=text):
+        rb.sampler.update_priorities(index, np.full(len(index), 9.0))
+    np.testing.assert_array_equal(rb.sampler.priorities(np.arange(5)), before)
+
+
+@pytest.mark.parametrize(
+    "index, shown",
+    [
+        ([2**63], "9223372036854775808"),
+        ([2**70], str(2**70)),
+        (np.array([10**12, 1]), "1000000000000"),
+        (np.array([3, -1]), r"\[-1\]"),
+        (np.array([2**64 - 1], dtype=np.uint64), "18446744073709551615"),
+        (torch.tensor([7, 2**40]), str(2**40)),
+    ],
+)
+def test_update_priorities_out_of_range_shows_the_value_given(index, shown):
+    rb = _buffer_with_priorities()
+    before = rb.sampler.priorities(np.arange(5)).copy()
+    for update in (rb.update_priorities, rb.sampler.update_priorities):
+        with pytest.raises(IndexError, match=shown) as info:
+            update(index, np.full(len(index), 9.0))
+        assert isinstance(info.value, ValueError)  # IndexRangeError is both
+        assert "[0, 10)" in str(info.value) and "-9223372036854775808" not in str(info.value)
+    np.testing.assert_array_equal(rb.sampler.priorities(np.arange(5)), before)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlstash.core import Index, SampleContext
+from rlstash.core import SampleContext
 
 REJECTION_ROUNDS = 8  # redraws before an exact (O(capacity)) fallback
 
@@ -88,32 +88,3 @@ def as_numpy(value: Any, name: str) -> np.ndarray:
     if arr.dtype == object or arr.dtype.kind in "USV":
         raise TypeError(f"{name}: expected a numeric array or tensor, got {type(value).__name__}")
     return arr
-
-
-def check_rows(name: str, idx: np.ndarray, capacity: int) -> None:
-    """ValueError unless every index is in [0, capacity) (one reduction: negatives wrap high)."""
-    if not idx.size:
-        return
-    unsigned = idx.view(idx.dtype.str.replace("i", "u")) if idx.dtype.kind == "i" else idx
-    if unsigned.max() >= capacity:
-        bad = idx[(idx < 0) | (idx >= capacity)]
-        raise ValueError(
-            f"{name}: expected rows in [0, {capacity}), got {bad.size} outside (first: {int(bad[0])})"
-        )
-
-
-def index_array(index: Index, capacity: int) -> np.ndarray:
-    """Row indices (int64, 1-D) of a write index: a slice or an integer array."""
-    if isinstance(index, slice):
-        start, stop, step = index.indices(capacity)
-        if (index.stop is not None and index.stop > capacity) or step != 1:
-            raise ValueError(
-                f"index: expected a contiguous slice within [0, {capacity}), got {index}"
-            )
-        return np.arange(start, stop, dtype=np.int64)
-    idx = as_numpy(index, "index")
-    if idx.dtype.kind not in "iu":
-        raise TypeError(f"index: expected a slice or an integer array, got dtype {idx.dtype}")
-    idx = idx.astype(np.int64, copy=False).ravel()
-    check_rows("index", idx, capacity)
-    return idx

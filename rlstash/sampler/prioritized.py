@@ -9,15 +9,14 @@ from typing import Any
 import numpy as np
 
 from rlstash.core import Index, SampleContext
+from rlstash.indices import as_rows, check_rows
 from rlstash.sampler.checks import (
     as_numpy,
     check_batch_size,
     check_capacity,
     check_ctx,
     check_float,
-    check_rows,
     check_state,
-    index_array,
 )
 from rlstash.sampler.sumtree import SumMinTree, last_write_wins
 from rlstash.spec import Batch
@@ -101,7 +100,7 @@ class PrioritizedSampler:
     def on_write(self, index: Index, batch: Batch) -> None:
         """Rows at ``index`` were (over)written: they get the current max priority."""
         self._bound()
-        idx = index_array(index, self.capacity)
+        idx = as_rows(index, self.capacity).ravel()
         contiguous = isinstance(index, slice)  # sorted, no repeats
         if self._n_written < self.capacity:
             fresh = idx[~self._written[idx]]
@@ -117,10 +116,8 @@ class PrioritizedSampler:
         host. Bad input raises ValueError/TypeError naming it and changes nothing.
         """
         self._bound()
-        idx = as_numpy(indices, "indices").ravel()
+        idx = as_rows(indices, self.capacity, "indices", lazy=True).ravel()  # bounded below
         pri = as_numpy(priorities, "priorities").ravel()
-        if idx.dtype.kind not in "iu":
-            raise TypeError(f"indices: expected an integer array, got dtype {idx.dtype}")
         if pri.dtype.kind not in "fiu":
             raise TypeError(f"priorities: expected a float array, got dtype {pri.dtype}")
         if idx.size != pri.size:
@@ -182,8 +179,7 @@ class PrioritizedSampler:
     def priorities(self, indices: Any) -> np.ndarray:
         """Stored ``q = (p + eps) ** alpha`` of rows ``indices`` (0 for rows never written)."""
         self._bound()
-        idx = np.asarray(indices, dtype=np.int64)
-        check_rows("indices", idx.ravel(), self.capacity)
+        idx = as_rows(indices, self.capacity, "indices")
         return np.where(self._valid[idx], self._tree.get(idx), self._parked[idx])
 
     def _store(self, idx: np.ndarray, q: np.ndarray, unique: bool) -> None:

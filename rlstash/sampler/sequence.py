@@ -8,15 +8,14 @@ from typing import Any
 import numpy as np
 
 from rlstash.core import Index, SampleContext
+from rlstash.indices import as_rows
 from rlstash.sampler.checks import (
     REJECTION_ROUNDS,
     as_numpy,
     check_batch_size,
     check_capacity,
     check_ctx,
-    check_rows,
     check_state,
-    index_array,
 )
 from rlstash.spec import Batch
 
@@ -74,7 +73,7 @@ class SequenceSampler:
         """Record the episode-end flags of the rows written at ``index``."""
         if not self.capacity:
             raise RuntimeError("SequenceSampler: call reset(capacity) before using it")
-        idx = index_array(index, self.capacity)
+        idx = as_rows(index, self.capacity).ravel()
         present = [k for k in self.end_keys if k in batch]
         if not present:
             raise ValueError(
@@ -126,14 +125,13 @@ class SequenceSampler:
         if ctx.window is None:
             oldest = ctx.cursor if ctx.size == self.capacity else 0
             return (cand[:, None] + (self._steps + oldest)) % self.capacity
-        rows = np.asarray(ctx.window(cand, self.length))
-        if rows.shape != (cand.size, self.length) or rows.dtype.kind not in "iu":
+        rows = ctx.window(cand, self.length)
+        if np.shape(rows) != (cand.size, self.length):
             raise ValueError(
                 f"ctx.window: expected int rows of shape [{cand.size}, {self.length}], got "
-                f"{rows.dtype}{list(rows.shape)}"
+                f"{list(np.shape(rows))}"
             )
-        rows = rows.astype(np.int64, copy=False)
-        check_rows("ctx.window", rows.ravel(), self.capacity)
+        rows = as_rows(rows, self.capacity, "ctx.window")
         return rows
 
     def _window_ok(self, rows: np.ndarray, ctx: SampleContext) -> np.ndarray:

@@ -32,6 +32,7 @@ import torch
 
 from rlstash.core import Index
 from rlstash.diag.memory import plan
+from rlstash.indices import normalize_index
 from rlstash.spec import Batch, Spec, dtype_name
 
 # numpy has no bfloat16: such fields are stored and moved as int16 bit patterns.
@@ -96,52 +97,6 @@ def spec_mismatch(want: Spec, got: Spec) -> str:
     if not parts and list(want) != list(got):
         parts.append(f"field order {list(got)}, expected {list(want)}")
     return "; ".join(parts)
-
-
-def normalize_index(index: Any, capacity: int) -> tuple[slice | np.ndarray, int]:
-    """``(index, rows)`` with ``index`` a ``slice(start, stop)`` or an int64 array in range.
-
-    Accepts a slice with ``0 <= start <= stop <= capacity`` (step 1) or a 1-D integer array
-    (numpy, torch or a list) whose values are in ``[0, capacity)``.
-    """
-    if type(index) is np.ndarray and index.dtype == np.int64 and index.ndim == 1:
-        idx = index
-    elif isinstance(index, slice):
-        return _normalize_slice(index, capacity)
-    else:
-        idx = _as_index_array(index)
-    n = idx.shape[0]
-    # one reduction checks both ends: negative values become huge as uint64
-    if n and int(np.maximum.reduce(idx.view(np.uint64))) >= capacity:
-        bad = idx[(idx < 0) | (idx >= capacity)]
-        raise IndexError(
-            f"index: values must be in [0, {capacity}) (the capacity), got {bad[:5].tolist()}"
-            f"{' ...' if bad.size > 5 else ''}"
-        )
-    return idx, n
-
-
-def _normalize_slice(index: slice, capacity: int) -> tuple[slice, int]:
-    start = 0 if index.start is None else index.start
-    stop = capacity if index.stop is None else index.stop
-    if index.step not in (None, 1) or not (0 <= start <= stop <= capacity):
-        raise IndexError(
-            f"index: a slice must be slice(start, stop) with 0 <= start <= stop <= {capacity} "
-            f"and step 1, got {index!r}; use an index array to wrap around"
-        )
-    return slice(start, stop), stop - start
-
-
-def _as_index_array(index: Any) -> np.ndarray:
-    if isinstance(index, torch.Tensor):
-        index = index.detach().cpu().numpy()
-    arr = np.asarray(index)
-    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-        raise TypeError(
-            f"index: expected a slice or a 1-D integer array, got {type(index).__name__} with "
-            f"dtype {arr.dtype} and shape {list(arr.shape)}"
-        )
-    return arr.astype(np.int64, copy=False)
 
 
 class ArrayStorage:

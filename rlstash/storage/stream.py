@@ -65,6 +65,7 @@ import numpy as np
 import torch
 
 from rlstash.core import Index, Storage
+from rlstash.indices import as_rows
 from rlstash.spec import Batch, Field, Spec
 from rlstash.storage import register_kind
 from rlstash.storage.lanes import LANE_KEYS, TERM, TRUNC, WRITTEN, Lanes
@@ -311,7 +312,7 @@ class StreamStorage:
     def step_flags(self, index: Index) -> dict[str, np.ndarray]:
         """``terminated``/``truncated`` of the steps taken from slots ``index`` (False for
         final-obs slots): the episode ends a sampler's ``on_write`` may track."""
-        fl = self.lanes.flags[_index_array(index, self.capacity)]
+        fl = self.lanes.flags[as_rows(index, self.capacity)]
         return {"terminated": (fl & TERM) != 0, "truncated": (fl & TRUNC) != 0}
 
     def window(self, starts: np.ndarray, length: int) -> np.ndarray:
@@ -505,7 +506,7 @@ class StreamStorage:
         a valid start (ValueError otherwise). ``out`` (same keys and shapes) is filled instead.
         """
         self._check_open()
-        idx = _index_array(index, self.capacity)
+        idx = as_rows(index, self.capacity)
         flat = idx.reshape(-1)
         bad = flat[~self.valid[flat]]
         if bad.size:
@@ -751,23 +752,6 @@ def _out_for(out: Batch | None, name: str, rows: int, t: torch.Tensor) -> torch.
 
 def _host(t: torch.Tensor) -> np.ndarray:
     return (t if t.device.type == "cpu" else t.to("cpu")).numpy()
-
-
-def _index_array(index: Any, capacity: int) -> np.ndarray:
-    """Indices of any shape as int64, checked to be in ``[0, capacity)``."""
-    if isinstance(index, slice):
-        index = np.arange(*index.indices(capacity), dtype=np.int64)
-    if isinstance(index, torch.Tensor):
-        index = index.detach().to("cpu").numpy()
-    idx = np.asarray(index)
-    if idx.dtype.kind not in "iu":
-        raise TypeError(f"index: expected integer indices, got dtype {idx.dtype}")
-    idx = idx.astype(np.int64, copy=False)
-    if idx.size and (idx.min() < 0 or idx.max() >= capacity):
-        raise IndexError(
-            f"index: values must be in [0, {capacity}), got min {idx.min()} max {idx.max()}"
-        )
-    return idx
 
 
 def compare_layouts(

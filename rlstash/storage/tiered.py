@@ -36,9 +36,10 @@ import torch
 
 from rlstash.core import Index, Storage
 from rlstash.device import CudaOps
+from rlstash.indices import normalize_index
 from rlstash.spec import Batch, Spec
 from rlstash.storage import register_kind
-from rlstash.storage.ram import TensorStorage, normalize_index, spec_mismatch
+from rlstash.storage.ram import TensorStorage, spec_mismatch
 
 
 class TieredStorage:
