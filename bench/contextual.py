@@ -139,7 +139,7 @@ def run(
     env = ContextualEnv(n_actions, task_seed=seed)
     cfg = DiscreteSACConfig(
         net_arch=(64,), action_head="embedding", learn_action_embeddings=False,
-        batch_size=batch_size, learning_rate=learning_rate, seed=seed,
+        learning_rate=learning_rate, seed=seed,
     )  # fmt: skip
     agent = DiscreteSAC(
         (N_CONTEXTS,), n_actions, cfg, action_features=torch.from_numpy(env.features)

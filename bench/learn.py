@@ -97,12 +97,11 @@ def run_rlstash(algo: str, seed: int, budget: int) -> dict:
                 [int(r["step"]), float(r["train_seconds"]), float(r["return_mean"])]
                 for r in csv.DictReader(fh)
             ]
-    from rlstash.agents.dqn import DQNConfig
-    from rlstash.agents.sac import SACConfig
+    from rlstash.train.algos import ALGOS
 
-    cls = DQNConfig if algo == "dqn" else SACConfig
     preset = {
-        k: list(v) if isinstance(v, tuple) else v for k, v in cls.PRESETS[task["env"]].items()
+        k: list(v) if isinstance(v, tuple) else v
+        for k, v in ALGOS[algo].presets[task["env"]].items()
     }
     return {"curve": curve, "steps": result.steps, "train_seconds": result.train_seconds,
             "wall_seconds": wall, "settings": preset}  # fmt: skip

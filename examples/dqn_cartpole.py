@@ -7,7 +7,7 @@ python examples/dqn_cartpole.py --quick    # a few seconds (what CI runs)
 import sys
 import tempfile
 
-from rlstash.train.loop import TrainConfig, train
+from rlstash.train import TrainConfig, train
 
 quick = "--quick" in sys.argv
 run_dir = tempfile.mkdtemp(prefix="rlstash-example-") if quick else "runs"
@@ -21,7 +21,7 @@ cfg = TrainConfig(
     run_dir=run_dir,
     name="example-dqn-cartpole",
     quiet=True,
-    agent={"learning_starts": 200} if quick else {},
+    learning_starts=200 if quick else None,  # None: the preset's (1000)
 )
 result = train(cfg)
 print(f"solved={result.solved} after {result.steps} steps; plot: {result.plot}")

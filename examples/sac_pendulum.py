@@ -7,7 +7,7 @@ python examples/sac_pendulum.py --quick    # a few seconds (what CI runs)
 import sys
 import tempfile
 
-from rlstash.train.loop import TrainConfig, train
+from rlstash.train import TrainConfig, train
 
 quick = "--quick" in sys.argv
 cfg = TrainConfig(
@@ -21,7 +21,8 @@ cfg = TrainConfig(
     run_dir=tempfile.mkdtemp(prefix="rlstash-example-") if quick else "runs",
     name="example-sac-pendulum",
     quiet=True,
-    agent={"learning_starts": 100, "buffer_size": 10_000} if quick else {},
+    learning_starts=100 if quick else None,  # None: the preset's
+    buffer_size=10_000 if quick else None,
 )
 result = train(cfg)
 print(f"last evaluation return {result.last_eval:.1f} after {result.steps} steps")

@@ -58,3 +58,44 @@ def test_doctor_reports_the_machine(capsys, monkeypatch):
     out = capsys.readouterr().out
     for key in ("CUDA visible", "RAM available", "/dev/shm", "open-file limit", "start methods"):
         assert key in out
+
+
+# --- rlstash train: a bad setting is one line naming it, what was expected, what came, the fix
+
+
+@pytest.mark.parametrize(
+    ("argv", "toml", "words"),
+    [
+        (["--set", "learning_rate=abc"], None, ["--set learning_rate", "a float", "'abc'", "e.g."]),
+        (["--learning-rate", "abc"], None, ["--learning-rate", "a float", "'abc'", "e.g."]),
+        ([], "agent = 5\n", ["agent", "[agent] table", "got 5", "under [agent]"]),
+        ([], "[agent]\nlearning_rate = 'x'\n", ["learning_rate", "a float", "'x'", "e.g."]),
+        ([], "steps = 1.5\n", ["steps", "an int", "1.5", "e.g. steps = "]),
+        ([], "stepz = 1\n", ["stepz", "a known setting", "settings:"]),
+        (["--seed", "-1"], None, ["--seed", "an int >= 0", "-1", "give 0 or more"]),
+        (["--threshold", "nan"], None, ["--threshold", "not NaN", "nan", "give a number"]),
+        (["--steps", "0"], None, ["--steps", ">= 1", "got 0", "give 1"]),
+        (["--workers", "lots"], None, ["--workers", "'auto'", "'lots'", "give"]),
+        (["--net-arch", "a,b"], None, ["--net-arch", "an int", "'a'", "e.g. --net-arch"]),
+        (["--batch-size", "0"], None, ["--batch-size", ">= 1", "got 0", "give 1"]),
+        (["--gamma", "2"], None, ["--gamma", "(0, 1]", "2.0", "e.g. 0.99"]),
+        (["--autotune-alpha", "--set", "autotune_alpha=maybe"], None, ["autotune_alpha", "bool"]),
+        (["--algo", "nope"], None, ["--algo", "dqn, sac", "'nope'", "pick one"]),
+        (["--set", "nope=1"], None, ["--set nope", "a known setting", "settings:"]),
+    ],
+)
+def test_train_bad_setting_is_one_line_and_writes_nothing(tmp_path, capsys, argv, toml, words):
+    runs = tmp_path / "runs"
+    if toml is not None:
+        (tmp_path / "c.toml").write_text(toml)
+        argv = [*argv, "--config", str(tmp_path / "c.toml")]
+    rc = cli.main(["train", "--quiet", "--device", "cpu", "--run-dir", str(runs), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("rlstash train: error: "), err
+    for word in words:
+        assert word in err, f"{word!r} not in {err!r}"
+    assert not runs.exists(), "a refused run wrote files"
+
+
+# --- rlstash bench --------------------------------------------------------------------------

@@ -26,21 +26,32 @@ from rlstash.train.loop import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_DQN = {
-    "net_arch": [16],
     "batch_size": 16,
     "learning_starts": 64,
     "train_freq": 32,
     "gradient_steps": 2,
     "buffer_size": 8192,  # > every run here: nothing is overwritten
+    "agent": {"net_arch": [16]},
 }
 TINY_SAC = {
-    "net_arch": [16],
     "batch_size": 16,
     "learning_starts": 64,
     "train_freq": 8,
     "gradient_steps": 1,
     "buffer_size": 4096,
+    "agent": {"net_arch": [16]},
 }
+
+
+def _tiny(settings: dict, **agent: object) -> dict:
+    """A copy of TINY_* with extra agent settings."""
+    return {**settings, "agent": {**settings["agent"], **agent}}
+
+
+def _set_flags(settings: dict) -> list[str]:
+    """TINY_* as --set flags."""
+    flat = {k: v for k, v in settings.items() if k != "agent"} | settings["agent"]
+    return [arg for k, v in flat.items() for arg in ("--set", f"{k}={v}")]
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -54,7 +65,7 @@ def _cli(*argv: str) -> list[str]:
 
 def test_dqn_run_writes_logs_checkpoint_and_plot(tmp_path: Path) -> None:
     cfg = TrainConfig(steps=512, eval_every=256, eval_episodes=2, quiet=True, device="cpu",
-                      run_dir=str(tmp_path), name="dqn", agent=dict(TINY_DQN))  # fmt: skip
+                      run_dir=str(tmp_path), name="dqn", **TINY_DQN)  # fmt: skip
     result = train(cfg)
     run = tmp_path / "dqn"
     assert result.run_dir == run and result.steps == 512 and not result.solved
@@ -74,7 +85,7 @@ def test_dqn_run_writes_logs_checkpoint_and_plot(tmp_path: Path) -> None:
 def test_sac_pendulum_run(tmp_path: Path) -> None:
     cfg = TrainConfig(algo="sac", env="Pendulum-v1", steps=256, eval_every=128,
                       eval_episodes=1, quiet=True, device="cpu", run_dir=str(tmp_path), name="sac",
-                      agent=dict(TINY_SAC))  # fmt: skip
+                      **TINY_SAC)  # fmt: skip
     result = train(cfg)
     evals = _rows(tmp_path / "sac" / "eval.csv")
     assert result.steps == 256 and [int(r["step"]) for r in evals] == [128, 256]
@@ -84,7 +95,7 @@ def test_sac_pendulum_run(tmp_path: Path) -> None:
 def test_stops_once_threshold_held_for_patience_evaluations(tmp_path: Path) -> None:
     cfg = TrainConfig(steps=10_000, eval_every=128, eval_episodes=1, threshold=1.0,
                       patience=3, quiet=True, device="cpu", run_dir=str(tmp_path), name="t",
-                      agent=dict(TINY_DQN))  # fmt: skip
+                      **TINY_DQN)  # fmt: skip
     result = train(cfg)  # every CartPole episode returns >= 1: solved at the 3rd evaluation
     assert result.solved and result.steps == 3 * 128
     assert len(_rows(tmp_path / "t" / "eval.csv")) == 3
@@ -92,7 +103,7 @@ def test_stops_once_threshold_held_for_patience_evaluations(tmp_path: Path) -> N
 
 def test_existing_run_is_not_overwritten(tmp_path: Path) -> None:
     cfg = TrainConfig(steps=64, eval_every=64, eval_episodes=1, quiet=True, device="cpu",
-                      run_dir=str(tmp_path), name="r", agent=dict(TINY_DQN))  # fmt: skip
+                      run_dir=str(tmp_path), name="r", **TINY_DQN)  # fmt: skip
     train(cfg)
     with pytest.raises(ValueError, match="--resume"):
         train(cfg)
@@ -131,7 +142,7 @@ def test_eval_command_prints_return_stats(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cfg = TrainConfig(steps=128, eval_every=128, eval_episodes=1, quiet=True, device="cpu",
-                      run_dir=str(tmp_path), name="e", agent=dict(TINY_DQN))  # fmt: skip
+                      run_dir=str(tmp_path), name="e", **TINY_DQN)  # fmt: skip
     train(cfg)
     capsys.readouterr()
     assert main(["eval", str(tmp_path / "e"), "--episodes", "3"]) == 0
@@ -151,7 +162,7 @@ def test_eval_without_checkpoint_is_a_clear_error(
 
 
 def _start_training(run_dir: Path, steps: int) -> subprocess.Popen:
-    sets = [arg for k, v in TINY_DQN.items() for arg in ("--set", f"{k}={v}")]
+    sets = _set_flags(TINY_DQN)
     cmd = [sys.executable, "-m", "rlstash", "train", "--quiet", "--steps", str(steps),
            "--checkpoint-every", "256", "--eval-every", str(steps), "--eval-episodes", "1",
            "--run-dir", str(run_dir.parent), "--name", run_dir.name, "--device", "cpu", *sets]  # fmt: skip
@@ -218,13 +229,16 @@ def test_resume_after_sigkill_continues_from_last_checkpoint(tmp_path: Path) -> 
 
 
 def test_presets_build_valid_configs() -> None:
-    from rlstash.agents.dqn import DQNConfig
-    from rlstash.agents.sac import SACConfig
+    from rlstash.train import algos
+    from rlstash.train.builders import probe_env
 
-    dqn = DQNConfig.for_env("CartPole-v1")
-    assert dqn.lr_schedule == "linear" and dqn.buffer_size == dqn.total_steps
-    sac = SACConfig.for_env("Pendulum-v1")
-    assert sac.buffer_size == sac.total_steps
+    for env_id, algo in (("CartPole-v1", "dqn"), ("Pendulum-v1", "sac")):
+        cfg, agent_cfg = algos.resolve(
+            TrainConfig(algo=algo, env=env_id), probe_env(env_id).act_space
+        )
+        assert cfg.buffer_size == {"dqn": 50_000, "sac": 20_000}[algo]
+        if algo == "dqn":
+            assert agent_cfg.lr_schedule == "linear" and cfg.buffer_size == agent_cfg.total_steps
 
 
 def test_linear_learning_rate_decays_to_zero_at_total_steps() -> None:
@@ -266,8 +280,8 @@ def test_history_window_run_stores_each_observation_once(tmp_path: Path) -> None
     padding with the episode's first one), the agent reads them through its LSTM, and the
     stream buffer stores only the newest observation of each window and rebuilds the rest."""
     cfg = TrainConfig(steps=256, eval_every=256, eval_episodes=2, quiet=True, device="cpu",
-                      run_dir=str(tmp_path), name="h", history=4,
-                      agent=dict(TINY_DQN, history_hidden=8, n_steps=1))  # fmt: skip
+                      run_dir=str(tmp_path), name="h", history=4, n_steps=1,
+                      **_tiny(TINY_DQN, history_hidden=8))  # fmt: skip
     result = train(cfg)
     assert result.steps == 256 and len(_rows(tmp_path / "h" / "eval.csv")) == 1
     state = checkpoint.load_state(tmp_path / "h" / "checkpoint")

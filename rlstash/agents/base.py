@@ -2,7 +2,7 @@
 
 An agent is used like this (the training loop in :mod:`rlstash.train.loop` is this, plus timing)::
 
-    agent = DQN(obs_shape=(4,), n_actions=2, config=DQNConfig.for_env("CartPole-v1"))
+    agent = DQN(obs_shape=(4,), n_actions=2, config=DQNConfig(learning_rate=1e-3))
     action = agent.act(obs)                    # obs [N, *obs_shape] -> action [N] int64, no grad
     buffer.extend({...})                       # actions stored as int64 indices (never one-hot)
     batch = buffer.sample(64, device=agent.device)
@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from rlstash.agents.actions import ActionMask
+from rlstash.settings import SettingError, check_types, setting
 
 Batch = dict[str, torch.Tensor]
 
@@ -83,21 +84,14 @@ class Agent(Protocol):
 
 
 def hp(default: Any, help: str) -> Any:
-    """A hyperparameter field: its default and the help text the CLI shows for ``--key``."""
-    return dataclasses.field(default=default, metadata={"help": help})
+    """A learner setting: its default and the help text the CLI shows for ``--key``."""
+    return setting(default, help)
 
 
 class ConfigMixin:
-    """Shared helpers of the agents' hyperparameter dataclasses."""
-
-    PRESETS: dict[str, dict[str, Any]] = {}
-
-    @classmethod
-    def for_env(cls, env_id: str | None = None, **overrides: Any) -> Any:
-        """Defaults, then the preset of ``env_id`` (if any), then ``overrides``."""
-        values = dict(cls.PRESETS.get(env_id, {})) if env_id else {}
-        values.update(overrides)
-        return cls(**values)
+    """Shared helpers of the agents' settings dataclasses (learner settings only: the loop's
+    live in :class:`rlstash.train.config.TrainConfig`, per-env presets in
+    :mod:`rlstash.train.algos`)."""
 
     @classmethod
     def help(cls) -> dict[str, str]:
@@ -112,26 +106,27 @@ def check_positive(config: Any, *names: str) -> None:
     for name in names:
         value = getattr(config, name)
         if not value > 0:
-            raise ValueError(f"{name}: expected > 0, got {value!r}")
+            raise SettingError(name, "> 0", value, "give a positive value")
 
 
 def check_common(config: Any) -> None:
-    """Validation shared by every agent config (raises ValueError naming the field)."""
-    check_positive(config, "learning_rate", "batch_size", "total_steps", "buffer_size")
-    check_positive(config, "train_freq", "gradient_steps", "n_steps")
-    if config.learning_starts < 0:
-        raise ValueError(f"learning_starts: expected >= 0 env steps, got {config.learning_starts}")
+    """Validation shared by every agent config (SettingError, a ValueError or TypeError, naming
+    the field): each field's type (:func:`rlstash.settings.check_types`), then the ranges."""
+    check_types(config)
+    check_positive(config, "learning_rate")
+    if hasattr(config, "total_steps"):
+        check_positive(config, "total_steps")
     if hasattr(config, "action_chunk"):
         check_positive(config, "action_chunk")
     if not 0.0 < config.gamma <= 1.0:
-        raise ValueError(f"gamma: expected a discount in (0, 1], got {config.gamma}")
+        raise SettingError("gamma", "a discount in (0, 1]", config.gamma, "e.g. 0.99")
     if hasattr(config, "tau") and not 0.0 < config.tau <= 1.0:
-        raise ValueError(f"tau: expected a Polyak coefficient in (0, 1], got {config.tau}")
-    if any((not isinstance(h, int)) or h <= 0 for h in config.net_arch):
-        raise ValueError(f"net_arch: expected positive layer widths, got {config.net_arch!r}")
+        raise SettingError("tau", "a Polyak coefficient in (0, 1]", config.tau, "1 = hard copy")
+    if any(h <= 0 for h in config.net_arch):
+        raise SettingError("net_arch", "positive layer widths", config.net_arch, "e.g. 64,64")
     if config.target_update_interval < 1:
-        raise ValueError(
-            f"target_update_interval: expected >= 1 update, got {config.target_update_interval}"
+        raise SettingError(
+            "target_update_interval", ">= 1 update", config.target_update_interval, "give 1 or more"
         )
 
 

@@ -28,52 +28,20 @@ from rlstash.agents.base import (
 from rlstash.agents.nets import make_discrete_net, polyak_update
 from rlstash.agents.schedules import epsilon_schedule
 
-# Tuned presets (bench/learn.py, bench/results/learn.md). CartPole-v1 starts from the RL Zoo's
-# (rl-baselines3-zoo hyperparams/dqn.yml: lr 2.3e-3, batch 64, 128 updates every 256 env steps,
-# target frozen through each burst, epsilon 1 -> 0.04 over 16% of 50k steps) and changes:
-# - net (64, 64) instead of (256, 256): ~2x cheaper updates, learns as fast here;
-# - 5-step returns (rebuilt by the stream storage): value reaches back 5x faster per target copy;
-# - the learning rate decays linearly to 0 over total_steps (the zoo's "lin_" schedule): with a
-#   constant 2.3e-3, Q-values overshoot 1 / (1 - gamma) once the policy balances and the greedy
-#   policy collapses (seen on most seeds between 25k and 40k steps);
-# - buffer_size = total_steps (the zoo's 100k never fills in its 50k steps; a buffer sized to the
-#   run samples valid rows without rejection rounds).
-PRESETS: dict[str, dict[str, Any]] = {
-    "CartPole-v1": dict(
-        learning_rate=2.3e-3,
-        lr_schedule="linear",
-        batch_size=64,
-        buffer_size=50_000,
-        learning_starts=1000,
-        gamma=0.99,
-        n_steps=5,
-        target_update_interval=128,
-        train_freq=256,
-        gradient_steps=128,
-        exploration_fraction=0.16,
-        exploration_final_eps=0.04,
-        net_arch=(64, 64),
-        total_steps=50_000,
-    ),
-}
-
 
 @dataclass
 class DQNConfig(ConfigMixin):
-    """DQN hyperparameters (defaults: Stable-Baselines3's; per-env presets in ``PRESETS``)."""
+    """DQN learner settings (defaults: Stable-Baselines3's). The loop's settings (batch size,
+    replay size, n-step, update schedule) and per-env presets: :mod:`rlstash.train`."""
 
     learning_rate: float = hp(1e-4, "Adam step size.")
     lr_schedule: str = hp(
         "constant", "'constant', or 'linear': learning_rate * (1 - env_steps / total_steps)."
     )
     gamma: float = hp(0.99, "Discount per step; a batch's 'discount' field (gamma^n) overrides it.")
-    batch_size: int = hp(32, "Transitions per update (read by the training loop).")
-    buffer_size: int = hp(1_000_000, "Replay capacity in transitions (read by the training loop).")
-    learning_starts: int = hp(100, "Env steps collected before the first update (training loop).")
-    train_freq: int = hp(4, "Env steps between rounds of updates (training loop).")
-    gradient_steps: int = hp(1, "Updates per round (training loop).")
-    n_steps: int = hp(1, "n of n-step returns; the storage rebuilds them on read.")
-    total_steps: int = hp(1_000_000, "Env steps of the run; epsilon decays over a fraction of it.")
+    total_steps: int = hp(
+        1_000_000, "Horizon of the epsilon and learning-rate schedules, in env steps."
+    )
     target_update_interval: int = hp(
         2500, "Updates between target updates (SB3's 10,000 env steps at train_freq 4)."
     )
@@ -81,7 +49,7 @@ class DQNConfig(ConfigMixin):
     exploration_fraction: float = hp(0.1, "Fraction of total_steps over which epsilon decays.")
     exploration_initial_eps: float = hp(1.0, "Epsilon at step 0.")
     exploration_final_eps: float = hp(0.05, "Epsilon after the decay.")
-    max_grad_norm: float = hp(10.0, "Clip the global gradient L2 norm to this.")
+    max_grad_norm: float | None = hp(10.0, "Clip the global gradient L2 norm to this; None = off.")
     net_arch: tuple[int, ...] = hp((64, 64), "MLP hidden widths (unused after the Nature CNN).")
     action_head: str = hp("linear", "'linear' (a weight row per action) or 'embedding'.")
     action_embed_dim: int = hp(64, "Learned action-embedding width (embedding head, no features).")
@@ -89,8 +57,6 @@ class DQNConfig(ConfigMixin):
     action_chunk: int = hp(8192, "Actions scored per chunk; extra memory O(batch * chunk).")
     history_hidden: int = hp(0, "LSTM width over (k, obs_dim) windows; 0 = no LSTM.")
     seed: int = hp(0, "Seed of network init and the agent's torch generators.")
-
-    PRESETS = PRESETS
 
     def __post_init__(self) -> None:
         self.net_arch = tuple(self.net_arch)

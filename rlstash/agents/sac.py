@@ -32,23 +32,6 @@ from rlstash.agents.base import (
 )
 from rlstash.agents.nets import EnsembleMLP, LogAlpha, frozen, make_encoder, polyak_update
 
-# Tuned presets (bench/learn.py, bench/results/learn.md). Pendulum-v1 starts from the RL Zoo's
-# (hyperparams/sac.yml: lr 1e-3, 20k steps, SB3 defaults otherwise) and changes:
-# - net (64, 64) instead of (256, 256): updates ~3x cheaper, learns as fast in env steps;
-# - 2-step returns: first evaluation >= -200 a little earlier (3-step was earlier still but
-#   left one seed of three stuck near -190);
-# - buffer_size = total_steps (1M would hold the 20k steps of the run 50 times over; a buffer
-#   sized to the run samples valid rows without rejection rounds).
-PRESETS: dict[str, dict[str, Any]] = {
-    "Pendulum-v1": dict(
-        learning_rate=1e-3,
-        net_arch=(64, 64),
-        n_steps=2,
-        buffer_size=20_000,
-        total_steps=20_000,
-    ),
-}
-
 
 @dataclass
 class SACBaseConfig(ConfigMixin):
@@ -57,13 +40,6 @@ class SACBaseConfig(ConfigMixin):
 
     learning_rate: float = hp(3e-4, "Adam step size of actor, critics and temperature.")
     gamma: float = hp(0.99, "Discount per step; a batch's 'discount' field (gamma^n) overrides it.")
-    batch_size: int = hp(256, "Transitions per update (read by the training loop).")
-    buffer_size: int = hp(1_000_000, "Replay capacity in transitions (read by the training loop).")
-    learning_starts: int = hp(100, "Env steps collected before the first update (training loop).")
-    train_freq: int = hp(1, "Env steps between rounds of updates (training loop).")
-    gradient_steps: int = hp(1, "Updates per round (training loop).")
-    n_steps: int = hp(1, "n of n-step returns; the storage rebuilds them on read.")
-    total_steps: int = hp(1_000_000, "Env steps of the run (training loop).")
     tau: float = hp(0.005, "Polyak coefficient of the target critics.")
     target_update_interval: int = hp(1, "Updates between target-critic updates.")
     init_alpha: float = hp(1.0, "Initial entropy temperature alpha.")
@@ -83,13 +59,12 @@ class SACBaseConfig(ConfigMixin):
 
 @dataclass
 class SACConfig(SACBaseConfig):
-    """SAC hyperparameters (defaults: Stable-Baselines3's; per-env presets in ``PRESETS``)."""
+    """SAC learner settings (defaults: Stable-Baselines3's; loop settings and per-env presets:
+    :mod:`rlstash.train`)."""
 
     target_entropy: float | None = hp(None, "Entropy target; None = -act_dim.")
     log_std_min: float = hp(-20.0, "Lower clamp of the actor's log standard deviation.")
     log_std_max: float = hp(2.0, "Upper clamp of the actor's log standard deviation.")
-
-    PRESETS = PRESETS
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -48,8 +48,6 @@ from rlstash.agents.base import (
 from rlstash.agents.nets import LogAlpha, make_discrete_net, polyak_update
 from rlstash.agents.sac import SACBaseConfig
 
-PRESETS: dict[str, dict[str, Any]] = {}
-
 
 @dataclass
 class DiscreteSACConfig(SACBaseConfig):
@@ -62,8 +60,6 @@ class DiscreteSACConfig(SACBaseConfig):
     learn_action_embeddings: bool = hp(True, "Learn the action table; False keeps features fixed.")
     action_chunk: int = hp(8192, "Actions scored per chunk; extra memory O(batch * chunk).")
     history_hidden: int = hp(0, "LSTM width over (k, obs_dim) windows; 0 = no LSTM.")
-
-    PRESETS = PRESETS
 
     def __post_init__(self) -> None:
         super().__post_init__()

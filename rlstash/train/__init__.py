@@ -1,5 +1,38 @@
 """The training application: config, set-up, loop, checkpoints, run log, evaluation, CLI.
 
 Everything here sits on top of the library (storages, samplers, replay, envs, collectors,
-agents) and is what ``rlstash train`` / ``rlstash eval`` run.
+agents) and is what ``rlstash train`` / ``rlstash eval`` run::
+
+    from rlstash.train import TrainConfig, train
+    result = train(TrainConfig(algo="sac", env="Pendulum-v1", steps=20_000))
+
+Modules: :mod:`.config` (TrainConfig), :mod:`.algos` (algo -> agent config, agent, presets),
+:mod:`.builders` (``build_run``: env, buffer, agent, collectors), :mod:`.loop` (``train``),
+:mod:`.checkpoint`, :mod:`.runlog`, :mod:`.evaluate`, :mod:`.flags` and the ``cli*`` modules.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "TrainConfig": "rlstash.train.config",
+    "train": "rlstash.train.loop",
+    "TrainResult": "rlstash.train.loop",
+    "build_run": "rlstash.train.builders",
+}
+__all__ = ["TrainConfig", "TrainResult", "build_run", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlstash.train' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+if TYPE_CHECKING:
+    from rlstash.train.builders import build_run
+    from rlstash.train.config import TrainConfig
+    from rlstash.train.loop import TrainResult, train

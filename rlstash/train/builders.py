@@ -1,27 +1,137 @@
-"""Builders for a training run: envs, agent and replay buffer from a few plain settings.
+"""Set-up of a training run, top to bottom (:func:`build_run`)::
 
-Every refusal happens here, before training starts, as one ValueError line with the fix:
-an unknown env id, an action space the algorithm cannot handle, a buffer that does not fit.
+    env_info = probe_env(cfg.env, cfg.history)      # spaces and reward threshold; refuses bad ids
+    cfg, agent_cfg = algos.resolve(cfg, ...)        # defaults < env preset < what was given
+    env = make_vec_env(cfg)                         # ProcessPoolVectorEnv (workers or in-process)
+    rb = make_buffer(cfg, spec, run_dir, ...)       # stream replay: ram | disk | tiered
+    agent = make_agent(cfg, agent_cfg, ...)         # the algorithm's learner for the action space
+    limiter = make_limiter(cfg)                     # updates per inserted frame
+    collector, eval_collector = ...                 # the loop (:mod:`.loop`) then runs them
+
+Every refusal happens before the first step, as one ValueError line with the fix (an unknown
+env id, an action space the algorithm cannot handle, a buffer that does not fit), and what was
+built before a refusal is closed again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rlstash.collect.sync import Collector
+from rlstash.ratelimit import RateLimiter
 from rlstash.replay import ReplayBuffer
 from rlstash.spec import Field, Spec
+from rlstash.train import algos, checkpoint
+from rlstash.train.config import STORAGES, TrainConfig
 
-ALGOS = ("dqn", "sac")
-STORAGES = ("ram", "disk", "tiered")
+DEFAULT_THRESHOLDS = {"Pendulum-v1": -200.0}
 
 
-def env_spaces(env_id: str, history: int = 0) -> tuple[Any, Any, float | None]:
-    """(observation space, action space, reward threshold) of one env, or a clear error.
-    With ``history`` = k > 0 the observation space is that of windows of the last k
-    observations (:func:`rlstash.envs.history.make_windowed`); plain 1-D Box observations only."""
+@dataclass
+class EnvInfo:
+    """What a run needs to know of its env before making any: spaces and reward threshold."""
+
+    obs_space: Any
+    act_space: Any
+    threshold: float | None
+
+
+@dataclass
+class Run:
+    """The objects of one run, built (or restored) before the first step, and its counters."""
+
+    cfg: TrainConfig  # resolved: every loop setting filled in, ``agent`` complete
+    run_dir: Path
+    threshold: float | None
+    device: torch.device
+    env: Any
+    rb: ReplayBuffer
+    agent: Any
+    limiter: RateLimiter
+    collector: Collector
+    eval_collector: Collector
+    step: int = 0
+    train_seconds: float = 0.0
+    evals: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def frames_per_collect(self) -> int:
+        return self.collector.steps_per_batch * self.collector.num_envs
+
+    def close(self) -> None:
+        self.env.close()
+        self.eval_collector.env.close()
+        self.rb.close()
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint holds besides the buffer."""
+        return {
+            "step": self.step,
+            "train_seconds": self.train_seconds,
+            "config": dataclasses.asdict(self.cfg),
+            "agent": self.agent.state_dict(),
+            "limiter": self.limiter.state_dict(),
+            "evals": self.evals,
+        }
+
+
+def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = None) -> Run:
+    """Everything a run needs, from its config (and a checkpoint's ``state`` when resuming).
+    Settings are checked before ``run_dir`` is created; a run refused later removes it again."""
+    torch.set_num_threads(cfg.torch_threads)
+    info = probe_env(cfg.env, cfg.history)
+    cfg, agent_cfg = algos.resolve(cfg, info.act_space)
+    device = resolve_device(cfg.device, "device")
+    resolve_device(cfg.buffer_device, "buffer_device")
+    step = state["step"] if state else 0
+    with contextlib.ExitStack() as undo:  # a refused run closes what it built
+        if not run_dir.exists():
+            top = run_dir  # the outermost directory this run creates
+            while not top.parent.exists():
+                top = top.parent
+            undo.callback(shutil.rmtree, top, ignore_errors=True)
+            run_dir.mkdir(parents=True)
+        env = make_vec_env(cfg.env, cfg.envs, cfg.workers, None, cfg.history)
+        undo.callback(env.close)
+        if state is None:
+            spec = step_spec(info.obs_space, info.act_space)
+            rb = make_buffer(cfg, spec, run_dir, agent_cfg.gamma, device)
+        else:
+            rb = restore_buffer(run_dir, device)
+        undo.callback(rb.close)
+        agent = make_agent(cfg, agent_cfg, info, device)
+        limiter = make_limiter(cfg)
+        collector = Collector(
+            env, agent.act, collect_frames(cfg), device=agent.act_device, seed=cfg.seed + step
+        )
+        n_eval = min(cfg.eval_episodes, 10)
+        eval_env = make_eval_env(cfg.env, n_eval, cfg.history)
+        undo.callback(eval_env.close)
+        eval_collector = Collector(eval_env, agent.act, n_eval, device=agent.act_device)
+        threshold = cfg.threshold
+        if threshold is None:
+            threshold = DEFAULT_THRESHOLDS.get(cfg.env, info.threshold)
+        run = Run(cfg, run_dir, threshold, device, env, rb, agent, limiter, collector, eval_collector)  # fmt: skip
+        if state is not None:
+            agent.load_state_dict(state["agent"])
+            limiter.load_state_dict(state["limiter"])
+            run.step, run.train_seconds, run.evals = step, state["train_seconds"], state["evals"]
+        undo.pop_all()
+    return run
+
+
+def probe_env(env_id: str, history: int = 0) -> EnvInfo:
+    """Spaces and reward threshold of one env, or a clear error. With ``history`` = k > 0 the
+    observation space is that of windows of the last k observations
+    (:func:`rlstash.envs.history.make_windowed`); plain 1-D Box observations only."""
     import gymnasium as gym
 
     try:
@@ -37,22 +147,30 @@ def env_spaces(env_id: str, history: int = 0) -> tuple[Any, Any, float | None]:
         obs_space, act_space = env.observation_space, env.action_space
     finally:
         env.close()
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise ValueError(
+            f"env {env_id}: observation space {obs_space} is not a Box; the training loop needs array "
+            "observations (wrap the env with gymnasium.wrappers.FlattenObservation)"
+        )
     if history:
-        if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        if len(obs_space.shape) != 1:
             raise ValueError(
                 f"history: needs 1-D Box observations, env {env_id} has {obs_space}; "
                 "drop --history or flatten the observations"
             )
+        if not isinstance(act_space, gym.spaces.Discrete):
+            raise ValueError(
+                f"history: needs a Discrete action space (dqn or discrete sac), env {env_id} has "
+                f"{act_space}; drop --history"
+            )
         from gymnasium.vector.utils import batch_space
 
         obs_space = batch_space(obs_space, history)  # what FrameStackObservation declares
-    return obs_space, act_space, threshold
+    return EnvInfo(obs_space, act_space, threshold)
 
 
 def _factory(env_id: str, history: int) -> Any:
     """A picklable env factory (windowed envs with ``history``; the module is torch-free)."""
-    import functools
-
     import gymnasium as gym
 
     from rlstash.envs.history import make_windowed
@@ -83,65 +201,27 @@ def make_eval_env(env_id: str, num_envs: int, history: int = 0) -> Any:
     return SyncVectorEnv([_factory(env_id, history)] * num_envs)
 
 
-def make_agent(
-    algo: str,
-    env_id: str,
-    obs_space: Any,
-    act_space: Any,
-    device: torch.device,
-    overrides: dict[str, Any],
-    history: int = 0,
-) -> Any:
-    """DQN or SAC (continuous or discrete, by the action space) with the env's preset.
-    With ``history`` > 0 the agent reads observation windows through an LSTM
-    (``history_hidden``, default 64)."""
-    from gymnasium import spaces
+def make_agent(cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, device: torch.device) -> Any:
+    """The algorithm's learner for the env's action space (``cfg`` resolved)."""
+    learner = algos.ALGOS[cfg.algo].learner(info.act_space, cfg.env)
+    return learner.build(tuple(info.obs_space.shape), info.act_space, agent_cfg, device)
 
-    if history:
-        if algo == "sac" and not isinstance(act_space, spaces.Discrete):
-            raise ValueError(
-                f"history: needs a Discrete action space (dqn or discrete sac), env {env_id} has "
-                f"{act_space}; drop --history"
-            )
-        overrides = {"history_hidden": 64, **overrides}
 
-    if algo not in ALGOS:
-        raise ValueError(f"algo: expected one of {ALGOS}, got {algo!r}")
-    if not isinstance(obs_space, spaces.Box):
-        raise ValueError(
-            f"env {env_id}: observation space {obs_space} is not a Box; the training loop needs array "
-            "observations (wrap the env with gymnasium.wrappers.FlattenObservation)"
-        )
-    obs_shape = tuple(obs_space.shape)
-    if algo == "dqn":
-        if not isinstance(act_space, spaces.Discrete):
-            raise ValueError(
-                f"algo dqn: needs a Discrete action space, env {env_id} has {act_space}; use --algo sac"
-            )
-        from rlstash.agents.dqn import DQN, DQNConfig
-
-        return DQN(
-            obs_shape, int(act_space.n), DQNConfig.for_env(env_id, **overrides), device=device
-        )
-    if isinstance(act_space, spaces.Discrete):
-        from rlstash.agents.sac_discrete import DiscreteSAC, DiscreteSACConfig
-
-        return DiscreteSAC(
-            obs_shape,
-            int(act_space.n),
-            DiscreteSACConfig.for_env(env_id, **overrides),
-            device=device,
-        )
-    if isinstance(act_space, spaces.Box) and len(act_space.shape) == 1:
-        from rlstash.agents.sac import SAC, SACConfig
-
-        cfg = SACConfig.for_env(env_id, **overrides)
-        return SAC(
-            obs_shape, int(act_space.shape[0]), act_space.low, act_space.high, cfg, device=device
-        )
-    raise ValueError(
-        f"algo sac: needs a Discrete or a 1-D Box action space, env {env_id} has {act_space}"
+def make_limiter(cfg: TrainConfig) -> RateLimiter:
+    """``gradient_steps`` updates of ``batch_size`` rows per ``train_freq`` env steps, once
+    ``learning_starts`` (and at least a batch) were collected."""
+    return RateLimiter(
+        min_size=max(cfg.learning_starts, cfg.batch_size),
+        samples_per_insert=cfg.gradient_steps * cfg.batch_size / cfg.train_freq,
+        batch_size=cfg.batch_size,
+        insert_chunk=collect_frames(cfg),
     )
+
+
+def collect_frames(cfg: TrainConfig) -> int:
+    """Env steps per collection: ``train_freq`` rounded down to a multiple of ``envs`` (>= 1
+    step of every env)."""
+    return max(1, cfg.train_freq // cfg.envs) * cfg.envs
 
 
 def step_spec(obs_space: Any, act_space: Any) -> Spec:
@@ -157,30 +237,22 @@ def step_spec(obs_space: Any, act_space: Any) -> Spec:
 
 
 def make_buffer(
-    spec: Spec,
-    num_envs: int,
-    capacity: int,
-    storage: str,
-    run_dir: Path,
-    buffer_device: torch.device,
-    n_step: int,
-    gamma: float,
-    seed: int,
-    learner_device: torch.device,
-    history: int = 0,
+    cfg: TrainConfig, spec: Spec, run_dir: Path, gamma: float, learner_device: torch.device
 ) -> ReplayBuffer:
-    """A stream-layout replay buffer (each byte once) on RAM, disk, or GPU-hot/disk-cold tiers.
-    With ``history`` = k > 0 observations arrive as windows [k, ...] and only the newest of each
-    is stored; reads rebuild the windows."""
+    """A stream-layout replay buffer (each byte once) on RAM, disk, or GPU-hot/disk-cold tiers,
+    reading ``cfg.n_steps``-step returns with the agent's ``gamma``. With ``cfg.history`` = k > 0
+    observations arrive as windows [k, ...] and only the newest of each is stored; reads
+    rebuild the windows."""
     from rlstash.storage import MemmapStorage, ReadSpec, StreamStorage, TensorStorage, TieredStorage
 
-    if storage not in STORAGES:
-        raise ValueError(f"storage: expected one of {STORAGES}, got {storage!r}")
-    capacity = max(num_envs, capacity // num_envs * num_envs)
-    reads = ReadSpec(n_step=n_step, gamma=gamma, frame_stack=history or 1)
-    if storage == "ram":
+    if cfg.storage not in STORAGES:
+        raise ValueError(f"storage: expected one of {STORAGES}, got {cfg.storage!r}")
+    num_envs, buffer_device = cfg.envs, resolve_device(cfg.buffer_device, "buffer_device")
+    capacity = max(num_envs, cfg.buffer_size // num_envs * num_envs)
+    reads = ReadSpec(n_step=cfg.n_steps, gamma=gamma, frame_stack=cfg.history or 1)
+    if cfg.storage == "ram":
         backing: Any = "ram"
-    elif storage == "disk":
+    elif cfg.storage == "disk":
         backing = "disk"
     else:
         n_hot = max(1024, capacity // 10)
@@ -189,13 +261,18 @@ def make_buffer(
             hot = TensorStorage(s, min(n_hot, cap), device=buffer_device)
             return TieredStorage(hot, MemmapStorage(s, cap, run_dir / "buffer"))
 
-    path = run_dir / "buffer" if storage == "disk" else None
-    device = buffer_device if storage == "ram" else "cpu"
+    path = run_dir / "buffer" if cfg.storage == "disk" else None
+    device = buffer_device if cfg.storage == "ram" else "cpu"
     st = StreamStorage(
         spec, num_envs, capacity, backing=backing, device=device, path=path, reads=reads,
-        stacked_input=bool(history),
+        stacked_input=bool(cfg.history),
     )  # fmt: skip
-    return ReplayBuffer(st, seed=seed, device=learner_device)
+    return ReplayBuffer(st, seed=cfg.seed, device=learner_device)
+
+
+def restore_buffer(run_dir: Path, learner_device: torch.device) -> ReplayBuffer:
+    """The replay buffer of a run's checkpoint."""
+    return ReplayBuffer.load(run_dir / checkpoint.NAME / "buffer.pt", device=learner_device)
 
 
 def describe_memory(rb: ReplayBuffer, agent: Any) -> str:
@@ -216,9 +293,10 @@ def describe_memory(rb: ReplayBuffer, agent: Any) -> str:
     return "\n".join(lines)
 
 
-def resolve_learner_device(device: str) -> torch.device:
-    from rlstash.device import resolve_device
+def resolve_device(device: str, name: str) -> torch.device:
+    """A device setting as a torch.device (``auto``: CUDA when available), or a ValueError."""
+    from rlstash.device import resolve_device as parse
 
-    dev = resolve_device(device, "device")
+    dev = parse(device, name)
     assert dev is not None
     return dev

@@ -1,14 +1,17 @@
-"""``rlstash train`` and ``rlstash eval``: argument parsing over :mod:`rlstash.train.loop`."""
+"""``rlstash train`` and ``rlstash eval``: argument parsing over :mod:`rlstash.train.loop`.
+
+The train flags are derived from the settings dataclasses (:mod:`rlstash.train.flags`); the
+precedence is defaults < the env's preset < ``--config`` file < flags < ``--set``.
+"""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
-from typing import Any
 
-from rlstash.train.loop import TrainConfig
+from rlstash.settings import SettingError
+from rlstash.train.flags import Given, add_train_flags, given_flags, known_settings
 
 try:
     import tomllib
@@ -16,31 +19,43 @@ except ImportError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 
-def _workers(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--workers: expected an int >= 0 or 'auto', got {text!r}"
-        ) from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"--workers: expected an int >= 0 or 'auto', got {text!r}")
-    return value
-
-
-def _config_file(path: str) -> dict[str, Any]:
-    """A TOML file with run settings at the top level and agent settings under ``[agent]``."""
+def _config_file(path: str, given: Given) -> None:
+    """A TOML file: run settings at the top level, agent settings under ``[agent]``."""
     try:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"--config {path}: {exc}") from None
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"--config {path}: unknown settings {unknown}; known: {sorted(known)}")
-    return data
+        raise ValueError(f"--config {path}: {exc}; fix the file or the path") from None
+    agent = data.pop("agent", {})
+    if not isinstance(agent, dict):
+        raise SettingError(
+            f"--config {path}: agent", "an [agent] table of agent settings", agent,
+            "write the agent settings under [agent], one 'name = value' per line",
+        )  # fmt: skip
+    for table, items in (("", data), ("[agent] ", agent)):
+        for key, value in items.items():
+            source = f"--config {path}: {table}{key}"
+            if key not in known_settings():
+                raise SettingError(
+                    source, "a known setting", key, f"settings: {', '.join(known_settings())}"
+                )
+            given.put(key, value, source)
+
+
+def settings_from_args(args: argparse.Namespace, given: Given) -> Given:
+    """Record what ``rlstash train`` was given in ``given``: the --config file, then the flags,
+    then --set (later ones win)."""
+    if args.config:
+        _config_file(args.config, given)
+    given_flags(args, given)
+    for item in args.set or []:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(
+                f"--set: expected KEY=VALUE (any setting), got {item!r}; e.g. --set learning_rate=1e-3"
+            )
+        given.put_text(key, raw, f"--set {key}")
+    return given
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -49,33 +64,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         train(resume=args.resume)
         return 0
-    values: dict[str, Any] = _config_file(args.config) if args.config else {}
-    for f in dataclasses.fields(TrainConfig):
-        given = getattr(args, f.name, None)
-        if given is not None and f.name != "agent":
-            values[f.name] = given
-    agent = dict(values.get("agent", {}))
-    for item in args.set or []:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set: expected KEY=VALUE (an agent setting), got {item!r}")
-        agent[key] = _literal(raw)
-    values["agent"] = agent
-    result = train(TrainConfig(**values))
-    if (
-        not result.solved
-        and result.last_eval == result.last_eval
-        and TrainConfig(**values).threshold is not None
-    ):
+    given = Given()
+    try:
+        settings_from_args(args, given)
+        cfg = given.config()
+        result = train(cfg)
+    except SettingError as exc:
+        raise ValueError(given.explain(exc)) from None
+    except ValueError as exc:  # a setting's range rule in an agent config or the builders
+        raise ValueError(given.relabel(exc)) from None
+    if not result.solved and result.last_eval == result.last_eval and cfg.threshold is not None:
         print(f"not solved within {result.steps} steps", file=sys.stderr)
     return 0
-
-
-def _literal(raw: str) -> Any:
-    try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -90,58 +90,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    t = sub.add_parser("train", help="train an agent (default: DQN on CartPole-v1 until solved)")
-    t.add_argument(
-        "--algo",
-        choices=["dqn", "sac"],
-        default=None,
-        help="dqn, or sac (continuous or discrete actions)",
-    )
-    t.add_argument("--env", default=None, help="gymnasium env id (default CartPole-v1)")
-    t.add_argument("--steps", type=int, default=None, help="env steps at most (default 100000)")
-    t.add_argument("--seed", type=int, default=None)
-    t.add_argument("--envs", type=int, default=None, help="environments in parallel (default 1)")
-    t.add_argument(
-        "--workers",
-        type=_workers,
-        default=None,
-        help="env worker processes: 0 (in-process), N, or auto",
-    )
-    t.add_argument(
-        "--storage",
-        choices=["ram", "disk", "tiered"],
-        default=None,
-        help="where the replay buffer lives",
-    )
-    t.add_argument("--device", default=None, help="learner device: auto, cpu, cuda, cuda:N")
-    t.add_argument(
-        "--buffer-device",
-        dest="buffer_device",
-        default=None,
-        help="device of a RAM buffer / the hot tier",
-    )
-    t.add_argument(
-        "--run-dir", dest="run_dir", default=None, help="parent directory of runs (default runs)"
-    )
-    t.add_argument("--name", default=None, help="run name (default <algo>-<env>-s<seed>)")
-    t.add_argument(
-        "--history",
-        type=int,
-        default=None,
-        metavar="K",
-        help="feed the agent windows of the last K observations through an LSTM (0 = off)",
-    )
-    t.add_argument("--eval-every", dest="eval_every", type=int, default=None)
-    t.add_argument("--eval-episodes", dest="eval_episodes", type=int, default=None)
-    t.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, default=None)
-    t.add_argument(
-        "--threshold", type=float, default=None, help="stop once evaluations stay at or above this"
-    )
-    t.add_argument(
-        "--patience", type=int, default=None, help="evaluations in a row above the threshold"
-    )
-    t.add_argument(
-        "--quiet", action="store_true", default=None, help="plain log lines, no progress bar"
+    t = sub.add_parser(
+        "train",
+        help="train an agent (default: DQN on CartPole-v1 until solved)",
+        description="Train an agent. Every setting below is a field of TrainConfig or of the "
+        "algorithm's agent config; --config FILE (TOML, agent settings under [agent]) and "
+        "--set NAME=VALUE take the same names.",
     )
     t.add_argument(
         "--config", default=None, help="TOML file of settings ([agent] table for the agent)"
@@ -150,7 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--set",
         action="append",
         metavar="KEY=VALUE",
-        help="an agent setting, e.g. --set learning_rate=1e-3",
+        help="any setting by its name, e.g. --set learning_rate=1e-3 (repeat)",
     )
     t.add_argument(
         "--resume",
@@ -158,6 +112,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="RUN_DIR",
         help="continue the run in RUN_DIR from its checkpoint",
     )
+    add_train_flags(t)
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("eval", help="run a saved policy and print return statistics")

@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from rlstash.collect.sync import Collector
-from rlstash.train import builders, checkpoint
+from rlstash.train import algos, builders, checkpoint
+from rlstash.train.config import TrainConfig
 
 
 def evaluate_run(
@@ -21,16 +22,13 @@ def evaluate_run(
             f"run: no complete checkpoint in {run_dir}; train first (rlstash train --name ...)"
         )
     state = checkpoint.load_state(ckpt)
-    cfg = state["config"]
-    history = int(cfg.get("history", 0))
-    obs_space, act_space, _ = builders.env_spaces(cfg["env"], history)
-    agent = builders.make_agent(
-        cfg["algo"], cfg["env"], obs_space, act_space, torch.device(device), dict(cfg["agent"]),
-        history,
-    )  # fmt: skip
+    cfg = TrainConfig(**state["config"])
+    info = builders.probe_env(cfg.env, cfg.history)
+    cfg, agent_cfg = algos.resolve(cfg, info.act_space)
+    agent = builders.make_agent(cfg, agent_cfg, info, torch.device(device))
     agent.load_state_dict(state["agent"])
     n = min(episodes, 10)
-    env = builders.make_eval_env(cfg["env"], n, history)
+    env = builders.make_eval_env(cfg.env, n, cfg.history)
     try:
         collector = Collector(env, agent.act, n, device=agent.act_device)
         return collector.rollout(agent, episodes=episodes, deterministic=True, seed=seed)

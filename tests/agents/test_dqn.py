@@ -264,16 +264,23 @@ def test_nature_cnn_on_uint8_pixels():
     )
 
 
-def test_presets_and_help():
-    cfg = DQNConfig.for_env("CartPole-v1", seed=5)
-    assert (
-        cfg.learning_rate == 2.3e-3
-        and cfg.net_arch == (64, 64)
-        and cfg.n_steps == 5
-        and cfg.seed == 5
-    )
-    assert DQNConfig.for_env("Unknown-v0") == DQNConfig()
+def test_help_covers_every_setting():
+    cfg = DQNConfig(seed=5)
     assert set(DQNConfig.help()) == set(cfg.to_dict()) and all(DQNConfig.help().values())
+
+
+def test_config_holds_learner_settings_only():
+    """The loop's settings (replay size, batch, n-step, update schedule) are TrainConfig's."""
+    names = set(DQNConfig.help())
+    loop = {"batch_size", "buffer_size", "learning_starts", "train_freq", "gradient_steps"}
+    assert not names & (loop | {"n_steps"})
+
+
+def test_wrong_type_names_the_field():
+    with pytest.raises(TypeError, match="learning_rate: expected a float, got 'abc'"):
+        DQNConfig(learning_rate="abc")
+    with pytest.raises(TypeError, match="net_arch"):
+        DQNConfig(net_arch=("64",))
 
 
 def test_agents_follow_the_protocol_and_move_devices_explicitly():
@@ -303,11 +310,7 @@ def test_agents_follow_the_protocol_and_move_devices_explicitly():
     "field, value",
     [
         ("learning_rate", 0.0),
-        ("batch_size", 0),
-        ("train_freq", 0),
-        ("n_steps", 0),
         ("tau", 0.0),
-        ("learning_starts", -1),
         ("net_arch", (64, 0)),
         ("target_update_interval", 0),
         ("exploration_final_eps", 1.5),

@@ -138,7 +138,7 @@ def test_dqn_learns_from_sequence_sampler_windows_of_a_replay_buffer():
     torch.testing.assert_close(obs[:, :, 1], obs[:, :1, 1] + torch.arange(float(k)))
     torch.testing.assert_close(nxt[:, :, 1], obs[:, :, 1] + 1)  # shifted by one step
     assert (got["terminated"] == (obs[:, -1, 1] == 8)).all()
-    agent = DQN((k, 2), 3, DQNConfig(net_arch=(16,), history_hidden=8, batch_size=32))
+    agent = DQN((k, 2), 3, DQNConfig(net_arch=(16,), history_hidden=8))
     before = [p.clone() for p in agent.nets["q"].parameters()]
     agent.update(got)
     assert any(not torch.equal(a, b) for a, b in zip(before, agent.nets["q"].parameters()))

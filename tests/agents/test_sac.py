@@ -139,7 +139,6 @@ def test_bad_input():
         agent.act(torch.zeros(1, 3), mask=torch.ones(1, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="log_std_min"):
         SACConfig(log_std_min=3.0)
-    assert SACConfig.for_env("Pendulum-v1").learning_rate == 1e-3
 
 
 def test_twin_critic_members_are_independent_mlps():
