@@ -93,6 +93,16 @@ class ConfigMixin:
     live in :class:`rlstash.train.config.TrainConfig`, per-env presets in
     :mod:`rlstash.train.algos`)."""
 
+    PRESETS: dict[str, dict[str, Any]] = {}  # env id -> settings of this config (optional)
+
+    @classmethod
+    def for_env(cls, env_id: str | None = None, **overrides: Any) -> Any:
+        """Defaults, then the config's own preset of ``env_id`` (if any), then ``overrides``.
+        (The training app's run presets, loop settings included: :mod:`rlstash.train.algos`.)"""
+        values = dict(cls.PRESETS.get(env_id, {})) if env_id else {}
+        values.update(overrides)
+        return cls(**values)
+
     @classmethod
     def help(cls) -> dict[str, str]:
         """Field name -> help text (for the CLI and --config files)."""
