@@ -102,6 +102,7 @@ class ReplayBuffer:
         self.prefetch = prefetch
         self.rng = np.random.default_rng(seed)
         self.sampler.reset(storage.capacity)
+        _check_spec(self.sampler, storage.spec)  # e.g. SequenceSampler needs episode flags
         self._lock = threading.RLock()
         self._ctx = SampleContext(0, 0, storage.capacity, self.rng)
         # hot-path helpers, looked up once (None when the storage has no such fast path)
@@ -442,6 +443,13 @@ def _prefetch_loop(
                 continue
         if isinstance(item, BaseException):
             return
+
+
+def _check_spec(sampler: Sampler, spec: Any) -> None:
+    """Let the sampler refuse the storage's rows before anything is written (optional hook)."""
+    check = getattr(sampler, "check_spec", None)
+    if check is not None:
+        check(spec)
 
 
 def _fields_for(sampler: Sampler, storage: Storage, size: int) -> Batch:

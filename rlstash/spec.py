@@ -82,7 +82,7 @@ class Field:
     dtype: torch.dtype
 
     def __post_init__(self) -> None:
-        shape = tuple(int(s) for s in self.shape)
+        shape = _shape_of(self.shape)
         if any(s < 0 for s in shape):
             raise ValueError(f"shape: dimensions must be >= 0, got {shape}")
         object.__setattr__(self, "shape", shape)
@@ -101,6 +101,26 @@ class Field:
     def describe(self) -> str:
         dims = "x".join(str(s) for s in self.shape)
         return f"{dims}:{dtype_name(self.dtype)}" if dims else f":{dtype_name(self.dtype)}"
+
+
+def _shape_of(shape: Any) -> tuple[int, ...]:
+    """A shape as a tuple of ints; TypeError naming what came and the fix (no silent int())."""
+    dims = tuple(shape) if isinstance(shape, tuple | list | torch.Size) else None
+    if dims is not None and all(
+        isinstance(d, int | np.integer) and not isinstance(d, bool) for d in dims
+    ):
+        return tuple(int(d) for d in dims)
+    if isinstance(shape, int | np.integer) and not isinstance(shape, bool):
+        fix = f"Field(({int(shape)},), ...)"
+    elif dims is not None and all(isinstance(d, float) and d.is_integer() for d in dims):
+        fix = f"Field({tuple(int(d) for d in dims)!r}, ...)"
+    elif dims is not None and all(isinstance(d, int | float) for d in dims):
+        fix = f"Field({tuple(max(int(d), 0) for d in dims)!r}, ...) if that is meant"
+    else:
+        fix = "Field((4, 84, 84), ...), or Field((), ...) for a scalar"
+    raise TypeError(
+        f"shape: expected a tuple of ints (one per dimension of a row), got {shape!r}; write {fix}"
+    )
 
 
 class Spec(Mapping[str, Field]):
@@ -243,20 +263,39 @@ class Spec(Mapping[str, Field]):
 
 def _as_tensor(name: str, value: Any) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
+        if value.layout is not torch.strided:
+            layout = str(value.layout).removeprefix("torch.")
+            raise TypeError(
+                f"field {name!r}: expected a dense (strided) tensor, got layout {layout}; "
+                "pass value.to_dense()"
+            )
+        if value.device.type == "meta":
+            raise ValueError(
+                f"field {name!r}: got a meta tensor of shape {list(value.shape)}, which holds "
+                "no data; pass a tensor on a real device (cpu, cuda)"
+            )
         return value
-    if isinstance(value, np.ndarray):
-        if value.dtype == object:
-            raise TypeError(f"field {name!r}: expected a numeric array, got an object array")
-        return torch.from_numpy(value)
+    if not isinstance(value, np.ndarray):
+        try:
+            value = np.asarray(value)
+        except Exception as exc:  # noqa: BLE001 - report what came
+            raise TypeError(
+                f"field {name!r}: expected a tensor or array, got {type(value).__name__}"
+            ) from exc
+        if value.dtype == object or value.dtype.kind in "USV":
+            raise TypeError(
+                f"field {name!r}: expected a tensor or array, got {type(value).__name__}"
+            )
+    if value.dtype == object:
+        raise TypeError(f"field {name!r}: expected a numeric array, got an object array")
     try:
-        arr = np.asarray(value)
-    except Exception as exc:  # noqa: BLE001 - report what came
+        return torch.from_numpy(value)
+    except (TypeError, ValueError, RuntimeError) as exc:
         raise TypeError(
-            f"field {name!r}: expected a tensor or array, got {type(value).__name__}"
-        ) from exc
-    if arr.dtype == object or arr.dtype.kind in "USV":
-        raise TypeError(f"field {name!r}: expected a tensor or array, got {type(value).__name__}")
-    return torch.from_numpy(arr)
+            f"field {name!r}: numpy array of dtype {value.dtype.str} cannot become a tensor "
+            f"({exc}); convert it first, e.g. value.astype(value.dtype.newbyteorder('='))"
+            " for another byte order"
+        ) from None
 
 
 def cast_field(name: str, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -264,12 +303,10 @@ def cast_field(name: str, value: torch.Tensor, dtype: torch.dtype) -> torch.Tens
     if value.dtype == dtype:
         return value
     src, dst = _kind(value.dtype), _kind(dtype)
-    ok = (
-        (src == dst == "f")
-        or (src == "b" and dst in "if")
-        or (src == "i" and dst == "f")
-        or (src == dst == "i" and _ints_fit(value, dtype))
-    )
+    if src == dst == "i":
+        _check_ints_fit(name, value, dtype)
+        return value.to(dtype)
+    ok = (src == dst == "f") or (src == "b" and dst in "if") or (src == "i" and dst == "f")
     if not ok:
         raise TypeError(
             f"field {name!r}: expected dtype {dtype_name(dtype)}, got {dtype_name(value.dtype)}"
@@ -278,13 +315,35 @@ def cast_field(name: str, value: torch.Tensor, dtype: torch.dtype) -> torch.Tens
     return value.to(dtype)
 
 
-def _ints_fit(value: torch.Tensor, dtype: torch.dtype) -> bool:
+# integer dtypes torch cannot reduce (min/max) or compare: checked through numpy on the host
+_HOST_CHECKED = {torch.uint16, torch.uint32, torch.uint64}
+
+
+def _check_ints_fit(name: str, value: torch.Tensor, dtype: torch.dtype) -> None:
+    """TypeError naming the field and showing the values that do not fit ``dtype``."""
     src, dst = torch.iinfo(value.dtype), torch.iinfo(dtype)
-    if dst.min <= src.min and src.max <= dst.max:
-        return True
-    if value.numel() == 0:
-        return True
-    return bool(value.min() >= dst.min) and bool(value.max() <= dst.max)
+    if (dst.min <= src.min and src.max <= dst.max) or value.numel() == 0:
+        return
+    if value.dtype in _HOST_CHECKED:
+        flat = value.detach().cpu().numpy().ravel()
+        bad = flat[flat > dst.max]  # unsigned: nothing below 0
+        if not bad.size:
+            return
+    else:
+        if bool(value.min() >= dst.min) and bool(value.max() <= dst.max):
+            return
+        flat = value.detach().reshape(-1)
+        bad = flat[(flat < dst.min) | (flat > dst.max)].cpu()
+    wider = next(
+        (t for t in (torch.int16, torch.int32, torch.int64) if torch.iinfo(t).bits > dst.bits),
+        None,
+    )
+    fix = f"store it as {dtype_name(wider)} or " if wider is not None else ""
+    raise TypeError(
+        f"field {name!r}: {bad.shape[0]} of {value.numel()} values do not fit "
+        f"{dtype_name(dtype)} [{dst.min}, {dst.max}]: {bad[:5].tolist()}"
+        f"{' ...' if bad.shape[0] > 5 else ''}; {fix}clip the values first"
+    )
 
 
 def space_fields(space: Any, name: str) -> dict[str, Field]:

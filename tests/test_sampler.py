@@ -634,3 +634,34 @@ def test_update_priorities_out_of_range_shows_the_value_given(index, shown):
         assert isinstance(info.value, ValueError)  # IndexRangeError is both
         assert "[0, 10)" in str(info.value) and "-9223372036854775808" not in str(info.value)
     np.testing.assert_array_equal(rb.sampler.priorities(np.arange(5)), before)
+
+
+# ------------------------------------------------- sequence sampler bound to a spec (I8)
+def test_sequence_sampler_on_a_spec_without_episode_flags_is_refused_before_any_write(tmp_path):
+    from rlstash.replay import ReplayBuffer
+    from rlstash.spec import Field, Spec
+    from rlstash.storage import MemmapStorage, TensorStorage
+
+    spec = Spec({"obs": Field((2,), torch.float32), "reward": Field((), torch.float32)})
+    storage = TensorStorage(spec, 16)
+    with pytest.raises(
+        ValueError, match=r"SequenceSampler needs .*'terminated', 'truncated'.*\['obs', 'reward'\]"
+    ):
+        ReplayBuffer(storage, SequenceSampler(3))
+    disk = MemmapStorage(spec, 16, tmp_path / "d")
+    with pytest.raises(ValueError, match="end_keys"):
+        ReplayBuffer(disk, SequenceSampler(3))
+    assert disk.size == 0  # nothing written
+    disk.close()
+    # a flag field that is not one bool/int per row is refused too
+    bad = Spec({"obs": Field((2,), torch.float32), "terminated": Field((), torch.float32)})
+    with pytest.raises(TypeError, match=r"field 'terminated'.*:float32.*bool"):
+        ReplayBuffer(TensorStorage(bad, 16), SequenceSampler(3))
+    bad = Spec({"obs": Field((2,), torch.float32), "terminated": Field((2,), torch.bool)})
+    with pytest.raises(ValueError, match=r"field 'terminated'.*one flag per row"):
+        ReplayBuffer(TensorStorage(bad, 16), SequenceSampler(3))
+    # one flag is enough; a custom flag name works through end_keys
+    ok = Spec({"obs": Field((2,), torch.float32), "done": Field((), torch.uint8)})
+    rb = ReplayBuffer(TensorStorage(ok, 16), SequenceSampler(3, end_keys=("done",)))
+    rb.extend({"obs": torch.zeros(8, 2), "done": torch.zeros(8, dtype=torch.uint8)})
+    assert rb.sample(2)["obs"].shape == (2, 3, 2)

@@ -8,7 +8,10 @@ Three behaviours, one class each:
 * :class:`SequenceSampler` -- windows of ``length`` consecutive steps that never cross an
   episode end or the write cursor.
 
-Shared argument and state checks live in :mod:`rlstash.sampler.checks`.
+Each has ``check_spec(spec)``, which :class:`~rlstash.replay.ReplayBuffer` calls when the
+sampler is bound to its storage, so a sampler refuses rows it cannot work with (the sequence
+sampler: no episode-end flags) before anything is written. Shared argument and state checks
+live in :mod:`rlstash.sampler.checks`; row indices go through :mod:`rlstash.indices`.
 """
 
 from rlstash.sampler.prioritized import PrioritizedSampler

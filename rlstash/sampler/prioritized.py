@@ -19,7 +19,7 @@ from rlstash.sampler.checks import (
     check_state,
 )
 from rlstash.sampler.sumtree import SumMinTree, last_write_wins
-from rlstash.spec import Batch
+from rlstash.spec import Batch, Spec
 
 _INF_BITS = np.float64(np.inf).view(np.uint64)
 _INF_BITS32 = np.float32(np.inf).view(np.uint32)
@@ -96,6 +96,9 @@ class PrioritizedSampler:
         self._n_invalid = 0  # rows with _valid False
         self._n_written = 0  # rows with _written True
         self._parked = np.zeros(self.capacity)  # q of invalid rows (their leaf is 0)
+
+    def check_spec(self, spec: Spec) -> None:
+        """Works with rows of any spec (called when bound to a buffer)."""
 
     def on_write(self, index: Index, batch: Batch) -> None:
         """Rows at ``index`` were (over)written: they get the current max priority."""

@@ -17,7 +17,7 @@ from rlstash.sampler.checks import (
     check_ctx,
     check_state,
 )
-from rlstash.spec import Batch
+from rlstash.spec import Batch, Spec
 
 
 class SequenceSampler:
@@ -68,6 +68,32 @@ class SequenceSampler:
             raise ValueError(f"length: {self.length} is longer than the buffer ({capacity} rows)")
         self.capacity = capacity
         self._ends = np.zeros(capacity, dtype=bool)  # True where an episode ended at that row
+
+    def check_spec(self, spec: Spec) -> None:
+        """Refuse rows without episode-end flags, when bound to a buffer (before any write).
+
+        At least one of ``end_keys`` must be a field of ``spec``, each present one a scalar
+        bool or integer per row; else ValueError/TypeError naming what is missing and the fix.
+        """
+        present = [k for k in self.end_keys if k in spec]
+        if not present:
+            raise ValueError(
+                f"spec: SequenceSampler needs at least one of the end flags {list(self.end_keys)} "
+                f"as a field to find episode ends, got fields {list(spec)}; add a "
+                f"{self.end_keys[0]!r} field (():bool), or pass end_keys=(...) naming your flags"
+            )
+        for key in present:
+            f = spec[key]
+            if f.dtype.is_floating_point or f.dtype.is_complex:
+                raise TypeError(
+                    f"field {key!r}: SequenceSampler reads it as episode-end flags, got "
+                    f"{f.describe()}; store it as bool (or an integer type)"
+                )
+            if f.shape != ():
+                raise ValueError(
+                    f"field {key!r}: SequenceSampler expects one flag per row (shape ()), got "
+                    f"{f.describe()}"
+                )
 
     def on_write(self, index: Index, batch: Batch) -> None:
         """Record the episode-end flags of the rows written at ``index``."""

@@ -21,7 +21,7 @@ from rlstash.sampler.checks import (
     check_ctx,
     check_state,
 )
-from rlstash.spec import Batch
+from rlstash.spec import Batch, Spec
 
 __all__ = ["UniformSampler", "uniform_ints"]
 
@@ -57,6 +57,9 @@ class UniformSampler:
     def reset(self, capacity: int) -> None:
         self.capacity = check_capacity(capacity)
         self.epoch, self._perm, self._pos = 0, np.empty(0, dtype=np.int64), 0
+
+    def check_spec(self, spec: Spec) -> None:
+        """Works with rows of any spec (called when bound to a buffer)."""
 
     def on_write(self, index: Index, batch: Batch) -> None:
         """Uniform sampling keeps no per-row state."""
