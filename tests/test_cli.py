@@ -99,3 +99,37 @@ def test_train_bad_setting_is_one_line_and_writes_nothing(tmp_path, capsys, argv
 
 
 # --- rlstash bench --------------------------------------------------------------------------
+
+
+# --- rlstash plan: a bad setting is one line naming it and the fix, exit 2, nothing written
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--device", "banana"], ["--device", "'banana'", "cpu", "cuda:0"]),
+        (["--device", "cuda:x"], ["--device", "'cuda:x'"]),
+        (["--device", "mps"], ["--device", "'mps'", "cpu", "cuda"]),
+        (
+            ["--field", "obs=4:uint8", "--field", "obs=2:float32"],
+            ["--field obs", "twice", "one --field per name"],
+        ),
+        (["--field", "obs=0x84:uint8"], ["--field obs", "0x84", ">= 1", "e.g. 4x84x84"]),
+        (["--field", "obs=4x-1:uint8"], ["--field obs", "4x-1", "e.g. 4x84x84"]),
+        (["--capacity", "abc"], ["--capacity", "'abc'"]),
+        (["--capacity", "0"], ["--capacity", ">= 1", "0"]),
+        (["--num-envs", "0"], ["--num-envs", ">= 1"]),
+        (["--sampler", "lifo"], ["--sampler", "'lifo'", "uniform", "prioritized"]),
+        (["--storage", "disk"], ["--path", "disk"]),
+        (["--storage", "disk", "--device", "cuda:0", "--path", "x"], ["--device", "disk"]),
+    ],
+)
+def test_plan_bad_setting_is_one_line_and_writes_nothing(
+    tmp_path, monkeypatch, capsys, argv, words
+):
+    monkeypatch.chdir(tmp_path)
+    rc = cli.main(["plan", *argv])
+    out, err = capsys.readouterr()
+    assert rc == 2, (rc, out, err)
+    assert out == "" and err.count("\n") == 1 and err.startswith("rlstash plan: error: "), err
+    for word in words:
+        assert word in err, f"{word!r} not in {err!r}"
+    assert list(tmp_path.iterdir()) == []

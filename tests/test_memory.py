@@ -252,3 +252,124 @@ def test_ram_available_is_capped_by_the_cgroup(monkeypatch):
 
 def test_real_ram_available_is_plausible():
     assert 0 < memory.ram_available() <= memory.psutil.virtual_memory().total
+
+
+# ------------------------------------------- every byte planned is a byte allocated (issue 9)
+def _array_bytes(*objs) -> int:
+    """Bytes of every numpy array and torch tensor reachable from ``objs``' attributes, each
+    buffer counted once (views and reshapes resolve to the array that owns the memory)."""
+    import numpy as np
+
+    seen_obj, owners, total = set(), {}, 0
+    stack = list(objs)
+    while stack:
+        o = stack.pop()
+        if id(o) in seen_obj:
+            continue
+        seen_obj.add(id(o))
+        if isinstance(o, np.ndarray):
+            while isinstance(o.base, np.ndarray):
+                o = o.base
+            owners[id(o)] = o.nbytes
+        elif isinstance(o, torch.Tensor):
+            st = o.untyped_storage()
+            owners[st.data_ptr()] = st.nbytes()
+        elif isinstance(o, dict):
+            stack.extend(o.values())
+        elif isinstance(o, list | tuple):
+            stack.extend(o)
+        elif type(o).__module__.startswith("rlstash"):
+            stack.extend(vars(o).values())
+    total = sum(owners.values())
+    return total
+
+
+@pytest.mark.parametrize("capacity", [1, 7, 1000, 65_537, 1_000_003])
+def test_prioritized_sampler_plan_bytes_equal_what_reset_allocates(capacity):
+    import tracemalloc
+
+    from rlstash.sampler import PrioritizedSampler
+
+    s = PrioritizedSampler()
+    planned = sum(s.plan_bytes(capacity).values())
+    tracemalloc.start()
+    try:
+        s.reset(capacity)
+        traced, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert _array_bytes(s) == planned
+    assert planned <= traced <= planned + 16_384  # nothing big allocated besides (Python objects)
+    if capacity > 10**6:
+        assert 18.5 <= planned / capacity <= 19.5  # ~19 B per row
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "epochs", "sequence", "prioritized"])
+def test_plan_of_a_buffer_equals_the_bytes_it_allocates(sampler):
+    from rlstash.replay import ReplayBuffer
+    from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler
+    from rlstash.storage import TensorStorage
+
+    make = {
+        "uniform": UniformSampler,
+        "epochs": lambda: UniformSampler(replacement=False),
+        "sequence": lambda: SequenceSampler(2, end_keys=("done",)),
+        "prioritized": PrioritizedSampler,
+    }[sampler]
+    cap = 1_000
+    p = plan(SPEC, cap, sampler=make())
+    rb = ReplayBuffer(TensorStorage(SPEC, cap), make(), seed=0)
+    rb.extend(
+        {
+            "obs": torch.zeros(cap, 3, 64, 64),
+            "action": torch.zeros(cap, dtype=torch.int64),
+            "reward": torch.zeros(cap),
+            "done": torch.zeros(cap, dtype=torch.bool),
+        }
+    )
+    if sampler == "epochs":  # an epoch's permutation is made at the first sample
+        rb.sample(10)  # (per-batch scratch, O(batch_size), is not part of a plan)
+    allocated = _array_bytes(rb.storage.tensors, rb.sampler)
+    assert p.place("ram").needed == allocated
+    assert p.total == allocated and p.overhead == {
+        f"sampler: {k}": v for k, v in make().plan_bytes(cap).items()
+    }
+
+
+@pytest.mark.parametrize("num_envs, capacity", [(1, 10), (3, 100), (8, 1_000)])
+def test_stream_plan_counts_the_lane_bookkeeping_it_allocates(num_envs, capacity):
+    from rlstash.storage.stream import StreamStorage
+
+    spec = {"obs": ((4,), torch.float32), "action": ((), torch.int64)}
+    planned = StreamStorage.plan_bytes(spec, capacity, num_envs=num_envs)
+    store = StreamStorage(spec, num_envs, capacity)
+    assert _array_bytes(store.lanes, store._cut) == planned.pop("bookkeeping")
+    assert _array_bytes(store.backing.tensors) == sum(planned.values())
+    assert store.nbytes == sum(StreamStorage.plan_bytes(spec, capacity, num_envs=num_envs).values())
+
+
+def test_cli_plan_of_a_prioritized_stream_buffer_equals_what_it_allocates(capsys):
+    from rlstash.replay import ReplayBuffer
+    from rlstash.sampler import PrioritizedSampler
+    from rlstash.storage.stream import ReadSpec, StreamStorage
+    from rlstash.train import cli
+
+    argv = ["plan", "--field", "obs=4x8x8:uint8", "--field", "action=:int64", "--capacity"]
+    argv += ["999", "--num-envs", "4", "--frame-stack", "4", "--layout", "stream"]
+    argv += ["--sampler", "prioritized"]
+    args = cli.build_parser().parse_args(argv)
+    p, _ = cli.build_plan(args)
+    store = StreamStorage(
+        {"obs": ((4, 8, 8), torch.uint8), "action": ((), torch.int64)},
+        4,
+        999,
+        reads=ReadSpec(frame_stack=4),
+        stacked_input=True,
+    )
+    rb = ReplayBuffer(store, PrioritizedSampler())
+    allocated = _array_bytes(store.backing.tensors, store.lanes, store._cut, rb.sampler)
+    assert p.place("ram").needed == p.total == allocated
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "stream: lane bookkeeping" in out and "sampler: sum tree" in out
+    assert f"{allocated:,}" in out

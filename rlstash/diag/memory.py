@@ -7,9 +7,16 @@ A storage of ``capacity`` rows of a :class:`~rlstash.spec.Spec` needs exactly
 per field, all on one *place*: ``"ram"`` (a CPU tensor), ``"cuda:N"`` (a tensor on GPU N),
 ``"disk"`` (memory-mapped files under ``path``) or ``"/dev/shm"`` (shared memory; its pages
 are RAM too, so a shm storage is charged to ``"ram"`` as well). Callers add other named
-byte counts to any place with ``extra`` (e.g. networks on ``"cuda:0"``)::
+byte counts to any place with ``extra`` (e.g. networks on ``"cuda:0"``), and the host-RAM
+bookkeeping that grows with the capacity with ``overhead`` (a stream storage's lanes) and
+``sampler`` (its ``plan_bytes(capacity)``: the prioritized sampler's sum tree, masks and
+parked priorities, ~19 B per row)::
 
-    p = plan(spec, 1_000_000, storage="ram", extra={"cuda:0": {"networks": 80_000_000}})
+    p = plan(spec, 1_000_000, storage="ram", extra={"cuda:0": {"networks": 80_000_000}},
+             sampler=PrioritizedSampler())
+
+The plan covers what grows with the capacity and is kept; scratch made per sampled batch
+(``O(batch_size)``: output tensors, index arrays) is not part of it.
     print(p.format_table())
     p.check()            # raises InsufficientMemoryError naming numbers and the fix
 
@@ -35,6 +42,7 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 import torch
@@ -252,11 +260,19 @@ class MemoryPlan:
     fields: dict[str, int]  # field -> exact bytes of capacity rows
     places: list[PlaceUsage]
     margin: float
+    overhead: dict[str, int] = field(default_factory=dict)  # host bookkeeping, grows with rows
 
     @property
     def nbytes(self) -> int:
         """Bytes of the storage's data (all fields)."""
         return sum(self.fields.values())
+
+    @property
+    def total(self) -> int:
+        """Every byte allocated in RAM, on GPUs and on disk: data, bookkeeping, sampler state and
+        ``extra`` items (a shm storage's data counted once, though charged to /dev/shm and RAM)."""
+        every = sum(sum(p.items.values()) for p in self.places)
+        return every - (self.nbytes if self.storage == "shm" else 0)
 
     @property
     def fits(self) -> bool:
@@ -276,10 +292,11 @@ class MemoryPlan:
         """Largest capacity whose data (plus the other items) fits on ``place``."""
         p = self.place(place)
         row = sum(self.spec[k].row_bytes for k in self.fields if k in p.items)
-        if p.usable is None or row == 0:
+        scaled = sum(v for k, v in p.items.items() if k in self.overhead)  # grows with rows
+        if p.usable is None or row + scaled == 0:
             return None
-        other = p.needed - row * self.capacity
-        return max((p.usable - other) // row, 0)
+        other = p.needed - row * self.capacity - scaled
+        return max(int((p.usable - other) // (row + scaled / self.capacity)), 0)
 
     def check(self, allow_overcommit: bool = False) -> MemoryPlan:
         """Return ``self`` if every place fits (or ``allow_overcommit``), else raise.
@@ -353,6 +370,13 @@ class MemoryPlan:
             )
         total = self.nbytes
         rows.append(("total", "", "", f"{self.spec.row_bytes:,}", f"{total:,}", human_bytes(total)))
+        if self.overhead:
+            for name, n in self.overhead.items():
+                per_row = f"{n / self.capacity:,.2f}"
+                rows.append((name, "", "", per_row, f"{n:,}", human_bytes(n)))
+            n = total + sum(self.overhead.values())
+            per_row = f"{n / self.capacity:,.2f}"
+            rows.append(("total with bookkeeping", "", "", per_row, f"{n:,}", human_bytes(n)))
         out = [_columns(rows, right={3, 4})]
         out.append(
             f"storage: {self.storage}, capacity {self.capacity:,} rows, device {self.device}"
@@ -390,6 +414,8 @@ def plan(
     path: str | os.PathLike | None = None,
     extra: Mapping[str, Mapping[str, int]] | None = None,
     margin: float = 0.05,
+    overhead: Mapping[str, int] | None = None,
+    sampler: Any = None,
 ) -> MemoryPlan:
     """Plan a storage: exact bytes per field and per place, and what is free there now.
 
@@ -404,6 +430,10 @@ def plan(
         extra: more bytes per place, ``{place_or_device: {name: bytes}}``, e.g.
             ``{"cuda:0": {"networks": 80_000_000}}``.
         margin: fraction of free RAM / GPU / shm memory kept in reserve (disk: none).
+        overhead: host-RAM bookkeeping of the storage that grows with ``capacity``, by name
+            (e.g. a stream storage's lanes: ``StreamStorage.plan_bytes(...)["bookkeeping"]``).
+        sampler: the buffer's sampler; its ``plan_bytes(capacity)`` (per-row state it will
+            allocate in host RAM when bound) is charged to ``"ram"`` as ``sampler: <name>``.
 
     Only the places named (by ``device`` or ``extra``) are queried: with every device on
     the CPU, no CUDA call is made.
@@ -434,6 +464,11 @@ def plan(
             if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
                 raise ValueError(f"extra[{where!r}][{name!r}]: expected bytes >= 0, got {nbytes!r}")
             bucket[name] = bucket.get(name, 0) + nbytes
+    grows = _overhead(overhead, sampler, capacity)
+    if grows:
+        bucket = charged.setdefault("ram", {})
+        for name, nbytes in grows.items():
+            bucket[name] = bucket.get(name, 0) + nbytes
     places = []
     for where, items in charged.items():
         needed = sum(items.values())
@@ -453,4 +488,24 @@ def plan(
         fields,
         places,
         margin,
+        grows,
     )
+
+
+def _overhead(overhead: Mapping[str, int] | None, sampler: Any, capacity: int) -> dict[str, int]:
+    """``overhead`` plus the sampler's ``plan_bytes(capacity)`` (as ``sampler: <name>``)."""
+    out: dict[str, int] = {}
+    for name, nbytes in (overhead or {}).items():
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+            raise ValueError(f"overhead[{name!r}]: expected bytes >= 0, got {nbytes!r}")
+        out[name] = nbytes
+    if sampler is not None:
+        plan_bytes = getattr(sampler, "plan_bytes", None)
+        if plan_bytes is None:
+            raise TypeError(
+                f"sampler: {type(sampler).__name__} has no plan_bytes(capacity), so its memory "
+                "cannot be planned; give its bytes in overhead={...} instead"
+            )
+        for name, nbytes in plan_bytes(capacity).items():
+            out[f"sampler: {name}"] = int(nbytes)
+    return out

@@ -88,6 +88,16 @@ class PrioritizedSampler:
     def beta(self, value: float) -> None:
         self._beta = check_float("beta", value, low=0.0)
 
+    def plan_bytes(self, capacity: int) -> dict[str, int]:
+        """Exact bytes :meth:`reset` allocates for ``capacity`` rows, by part (~19 B per row:
+        the sum tree ~9.1, parked priorities 8, written and valid masks 1 each)."""
+        capacity = check_capacity(capacity)
+        return {
+            "sum tree": SumMinTree.plan_bytes(capacity, self.branching),
+            "parked priorities": 8 * capacity,
+            "written and valid masks": 2 * capacity,
+        }
+
     def reset(self, capacity: int) -> None:
         self.capacity = check_capacity(capacity)
         self._tree = SumMinTree(self.capacity, branching=self.branching)

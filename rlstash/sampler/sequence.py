@@ -62,6 +62,11 @@ class SequenceSampler:
         self._ends = np.zeros(0, dtype=bool)
         self._steps = np.arange(self.length, dtype=np.int64)  # [L]
 
+    def plan_bytes(self, capacity: int) -> dict[str, int]:
+        """Exact bytes of its arrays: one episode-end flag per row (made by :meth:`reset`) and
+        the ``length`` int64 step offsets of a window."""
+        return {"episode ends": check_capacity(capacity), "window offsets": 8 * self.length}
+
     def reset(self, capacity: int) -> None:
         capacity = check_capacity(capacity)
         if self.length > capacity:

@@ -92,11 +92,8 @@ class SumMinTree:
         self.capacity = int(capacity)
         self.k = int(branching)
         self._shift = self.k.bit_length() - 1
-        depth = 0
-        while math.ceil(self.capacity / self.k**depth) > max_top:
-            depth += 1
+        depth, self.top = _layout(self.capacity, self.k, max_top)
         self.depth = depth
-        self.top = math.ceil(self.capacity / self.k**depth)
         # level 0 = top (M nodes), level depth = leaves (M * k**depth >= capacity)
         self._sum = [np.zeros(self.top * self.k**d) for d in range(depth + 1)]
         # the same arrays as [nodes of the level above, k]: row j = the children of node j
@@ -108,6 +105,14 @@ class SumMinTree:
         self._base = np.empty(0, dtype=np.int64)
         self._ones = np.ones(self.k)  # [k]
         self._words = self.k // 8  # uint64 words per bool row of k children
+
+    @staticmethod
+    def plan_bytes(capacity: int, branching: int = 8, max_top: int = 2048) -> int:
+        """Exact bytes of the arrays a tree of ``capacity`` leaves allocates (float64 levels,
+        ``(1 + 1/k + 1/k**2 + ...) * 8`` bytes per leaf, plus two ``k``-sized constants)."""
+        depth, top = _layout(int(capacity), int(branching), max_top)
+        levels = sum(top * branching**d for d in range(depth + 1))
+        return 8 * (levels + branching * branching + branching)
 
     # ------------------------------------------------------------------ reads
     @property
@@ -313,6 +318,14 @@ class SumMinTree:
         for dst, src in zip(self._sum, levels):  # (a state of an older version may hold "min":
             dst[:] = src  # minima are recomputed from the leaves instead)
         self._min_stale = True
+
+
+def _layout(capacity: int, k: int, max_top: int) -> tuple[int, int]:
+    """``(depth, top)``: the fewest ``k``-ary levels under a top of at most ``max_top`` nodes."""
+    depth = 0
+    while math.ceil(capacity / k**depth) > max_top:
+        depth += 1
+    return depth, math.ceil(capacity / k**depth)
 
 
 def last_write_wins(idx: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

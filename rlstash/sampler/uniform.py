@@ -54,6 +54,12 @@ class UniformSampler:
         self._perm = np.empty(0, dtype=np.int64)  # current epoch's order
         self._pos = 0  # next entry of ``_perm``
 
+    def plan_bytes(self, capacity: int) -> dict[str, int]:
+        """Bytes of per-row state: none with replacement; without, the epoch's permutation
+        (int64, one per stored valid row: at most ``capacity``, made at an epoch's start)."""
+        capacity = check_capacity(capacity)
+        return {} if self.replacement else {"epoch permutation": 8 * capacity}
+
     def reset(self, capacity: int) -> None:
         self.capacity = check_capacity(capacity)
         self.epoch, self._perm, self._pos = 0, np.empty(0, dtype=np.int64), 0

@@ -40,6 +40,13 @@ class Lanes:
         self.valid = np.zeros(num_envs * L, bool)  # valid transition starts (updated in place)
         self.version = 0  # bumped on every change of ``valid``
 
+    @staticmethod
+    def plan_bytes(num_envs: int, L: int) -> int:
+        """Exact bytes of the arrays :class:`Lanes` allocates: ``flags``, ``ep`` and ``valid``
+        (1 byte per slot each) and, per lane, ``base``, ``count``, ``floor``, ``next_ep``,
+        ``reserved`` (int64) and ``pending`` (bool)."""
+        return 3 * num_envs * L + (5 * 8 + 1) * num_envs
+
     def arrays(self) -> dict[str, np.ndarray]:
         return {k: getattr(self, k) for k in LANE_KEYS}
 

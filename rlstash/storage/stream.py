@@ -292,7 +292,7 @@ class StreamStorage:
     @property
     def nbytes(self) -> int:
         """Bytes of the backing data plus the per-slot bookkeeping."""
-        return self.backing.nbytes + BOOKKEEPING_BYTES * self.capacity
+        return self.backing.nbytes + _bookkeeping_bytes(self.num_envs, self.capacity)
 
     @property
     def size(self) -> int:
@@ -332,11 +332,17 @@ class StreamStorage:
 
     @staticmethod
     def plan_bytes(
-        spec: Spec | Mapping, capacity: int, frame_stack: int = 1, stacked_input: bool = False
+        spec: Spec | Mapping,
+        capacity: int,
+        frame_stack: int = 1,
+        stacked_input: bool = False,
+        num_envs: int = 1,
     ) -> dict[str, int]:
-        """Exact bytes of a stream storage of ``capacity`` slots: per stored field + bookkeeping."""
-        out = slot_spec(spec, frame_stack, stacked_input).field_nbytes(capacity)
-        out["bookkeeping"] = BOOKKEEPING_BYTES * capacity
+        """Exact bytes of a stream storage of ``capacity`` slots over ``num_envs`` lanes: per
+        stored field, plus the host-RAM bookkeeping of the lanes (3 B per slot, 42 per lane)."""
+        slots = capacity // num_envs * num_envs
+        out = slot_spec(spec, frame_stack, stacked_input).field_nbytes(slots)
+        out["bookkeeping"] = _bookkeeping_bytes(num_envs, slots)
         return out
 
     @staticmethod
@@ -716,6 +722,11 @@ def _persist(store: Any, lanes: Lanes, path: Path, margin: int, config: dict[str
         os.close(fd)
 
 
+def _bookkeeping_bytes(num_envs: int, slots: int) -> int:
+    """Host bytes of the lanes (:meth:`Lanes.plan_bytes`) plus the storage's ``_cut`` mask."""
+    return Lanes.plan_bytes(num_envs, slots // num_envs) + num_envs
+
+
 def _leading(value: Any, ndim: int, name: str) -> tuple[int, ...]:
     """The leading dims (``(N,)`` or ``(T, N)``) of the first obs field."""
     if value is None:
@@ -754,6 +765,22 @@ def _host(t: torch.Tensor) -> np.ndarray:
     return (t if t.device.type == "cpu" else t.to("cpu")).numpy()
 
 
+def transition_step(spec: Spec | Mapping, frame_stack: int) -> tuple[Spec, int, bool]:
+    """A transition spec as a stream step: ``(spec without next_obs, frames, stacked_input)``.
+
+    An observation with at least 3 dims whose first equals ``frame_stack`` (> 1) is taken as
+    stacked frames (gymnasium's FrameStackObservation): the stream stores its newest frame only.
+    """
+    spec = as_spec(spec)
+    step = Spec(
+        {k: f for k, f in spec.items() if k != "next_obs" and not k.startswith("next_obs/")}
+    )
+    stacked = frame_stack > 1 and all(
+        len(step[k].shape) >= 3 and step[k].shape[0] == frame_stack for k in obs_names(step)
+    )
+    return step, frame_stack if stacked else 1, stacked
+
+
 def compare_layouts(
     spec: Spec | Mapping, capacity: int, num_envs: int = 1, frame_stack: int = 1
 ) -> str:
@@ -766,15 +793,10 @@ def compare_layouts(
     """
     from rlstash.diag.memory import human_bytes
 
-    spec = as_spec(spec)
-    step = {k: f for k, f in spec.items() if k != "next_obs" and not k.startswith("next_obs/")}
-    stacked = frame_stack > 1 and all(
-        len(spec[k].shape) >= 3 and spec[k].shape[0] == frame_stack for k in obs_names(Spec(step))
-    )
-    k = frame_stack if stacked else 1
+    step, k, stacked = transition_step(spec, frame_stack)
     naive = sum(StreamStorage.naive_bytes(step, capacity, k, stacked).values())
     slots = capacity // num_envs * num_envs
-    stream = sum(StreamStorage.plan_bytes(step, slots, k, stacked).values())
+    stream = sum(StreamStorage.plan_bytes(step, slots, k, stacked, num_envs).values())
     rows = [
         ("layout", "bytes/transition", "total", "vs naive"),
         ("naive (obs + next_obs)", f"{naive // capacity:,}", human_bytes(naive), "1.000"),
@@ -808,4 +830,5 @@ __all__ = [
     "obs_names",
     "slot_spec",
     "step_spec",
+    "transition_step",
 ]

@@ -8,8 +8,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rlstash.spec import Field, Spec, parse_dtype
+
+if TYPE_CHECKING:
+    from rlstash.diag.memory import MemoryPlan
 
 
 def parse_field(text: str) -> tuple[str, Field]:
@@ -26,11 +30,31 @@ def parse_field(text: str) -> tuple[str, Field]:
         raise ValueError(
             f"--field {name}: shape must be integers joined by 'x' (4x84x84), got {shape_text!r}"
         ) from None
+    if any(d < 1 for d in shape):
+        raise ValueError(
+            f"--field {name}: every dimension must be >= 1, got {shape_text!r}; e.g. 4x84x84, "
+            f"or {name}=:{dtype_text} for a scalar"
+        )
     try:
         dtype = parse_dtype(dtype_text)
     except TypeError as exc:
         raise ValueError(f"--field {name}: {exc}") from None
     return name, Field(shape, dtype)
+
+
+def parse_fields(texts: Sequence[str]) -> Spec:
+    """A spec from repeated ``--field`` values; a name given twice is an error."""
+    fields: dict[str, Field] = {}
+    given: dict[str, str] = {}
+    for text in texts:
+        name, f = parse_field(text)
+        if name in fields:
+            raise ValueError(
+                f"--field {name}: given twice ({given[name]!r} and {text!r}); give one --field "
+                "per name"
+            )
+        fields[name], given[name] = f, text
+    return Spec(fields)
 
 
 def _env_spec(env_id: str, next_obs: bool) -> Spec:
@@ -46,29 +70,19 @@ def _env_spec(env_id: str, next_obs: bool) -> Spec:
         env.close()
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    from rlstash.diag.memory import plan
+_ATARI = {  # the default: an Atari-sized buffer (Nature DQN: 1M transitions of 4x84x84 frames)
+    "obs": Field((4, 84, 84), "uint8"),
+    "action": Field((), "int64"),
+    "reward": Field((), "float32"),
+    "terminated": Field((), "bool"),
+    "truncated": Field((), "bool"),
+    "next_obs": Field((4, 84, 84), "uint8"),
+}
 
-    if args.field and args.env:
-        raise ValueError("plan: give either --field (repeatable) or --env, not both")
-    if args.env:
-        spec = _env_spec(args.env, next_obs=True)
-    elif args.field:
-        spec = Spec(dict(parse_field(f) for f in args.field))
-    else:  # the default: an Atari-sized buffer (Nature DQN: 1M transitions of 4x84x84 frames)
-        spec = Spec(
-            {
-                "obs": Field((4, 84, 84), "uint8"),
-                "action": Field((), "int64"),
-                "reward": Field((), "float32"),
-                "terminated": Field((), "bool"),
-                "truncated": Field((), "bool"),
-                "next_obs": Field((4, 84, 84), "uint8"),
-            }
-        )
-    result = plan(spec, args.capacity, storage=args.storage, device=args.device, path=args.path)
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    result, stream = build_plan(args)
     print(result.format_table())
-    stream = _stream_figures(spec, args)
     if stream:
         print()
         print(stream)
@@ -82,12 +96,90 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if result.fits else 1
 
 
+def build_plan(args: argparse.Namespace) -> tuple[MemoryPlan, str]:
+    """The memory plan of ``rlstash plan``'s settings (checked first; nothing is allocated)
+    and, for the naive layout, the stream layout's figures beside it."""
+    from rlstash.diag.memory import plan
+
+    _check_plan_args(args)
+    if args.field and args.env:
+        raise ValueError("--field/--env: give either --field (repeatable) or --env, not both")
+    if args.env:
+        spec = _env_spec(args.env, next_obs=True)
+    else:
+        spec = parse_fields(args.field) if args.field else Spec(_ATARI)
+    sampler = _plan_sampler(args.sampler)
+    common = dict(storage=args.storage, device=args.device, path=args.path, sampler=sampler)
+    if args.layout == "naive":
+        return plan(spec, args.capacity, **common), _stream_figures(spec, args)
+    from rlstash.storage.stream import StreamStorage, slot_spec, transition_step
+
+    step, k, stacked = transition_step(spec, args.frame_stack)
+    if "action" not in step or not any(k == "obs" or k.startswith("obs/") for k in step):
+        raise ValueError(
+            f"--layout stream: needs fields 'obs' and 'action', got {list(spec)}; add them with "
+            "--field or use --layout naive"
+        )
+    slots = args.capacity // args.num_envs * args.num_envs
+    bookkeeping = StreamStorage.plan_bytes(step, slots, k, stacked, args.num_envs)["bookkeeping"]
+    stored = slot_spec(step, k, stacked)
+    return plan(stored, slots, overhead={"stream: lane bookkeeping": bookkeeping}, **common), ""
+
+
+def _check_plan_args(args: argparse.Namespace) -> None:
+    """One-line errors naming the flag and the fix, before anything else happens."""
+    for flag, value, example in (
+        ("--capacity", args.capacity, "1000000"),
+        ("--num-envs", args.num_envs, "8"),
+        ("--frame-stack", args.frame_stack, "4"),
+    ):
+        if value < 1:
+            raise ValueError(f"{flag}: expected an int >= 1, got {value}; e.g. {flag} {example}")
+    device = _plan_device(args.device)
+    if args.storage != "ram" and device != "cpu":
+        raise ValueError(
+            f"--device: a {args.storage} storage lives on the CPU, got {args.device!r}; drop "
+            "--device (batches go to a device when sampled) or use --storage ram"
+        )
+    if args.storage == "disk" and args.path is None:
+        raise ValueError("--path: --storage disk needs a directory, e.g. --path runs/buffer")
+    if args.layout == "stream" and args.capacity < 2 * args.num_envs:
+        raise ValueError(
+            f"--capacity: the stream layout needs at least 2 slots per env, got {args.capacity} "
+            f"for {args.num_envs} envs; raise --capacity or lower --num-envs"
+        )
+
+
+def _plan_device(text: str) -> str:
+    """``"cpu"`` or ``"cuda[:N]"``; anything else is a ValueError naming ``--device``."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"--device: expected cpu, cuda or cuda:N (rlstash storages live in RAM or on an "
+            f"NVIDIA GPU), got {text!r}; e.g. --device cuda:0"
+        )
+    return device.type
+
+
+def _plan_sampler(name: str) -> Any:
+    from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler
+
+    if name == "prioritized":
+        return PrioritizedSampler()
+    if name == "sequence":
+        return SequenceSampler(1)  # its per-row state does not depend on the window length
+    return UniformSampler()
+
+
 def _stream_figures(spec: Spec, args: argparse.Namespace) -> str:
     """The stream layout's bytes next to the naive (obs + next_obs) layout, when it applies."""
-    try:
-        from rlstash.storage.stream import compare_layouts
-    except ImportError:
-        return ""
+    from rlstash.storage.stream import compare_layouts
+
     if "action" not in spec or not any(k == "obs" or k.startswith("obs/") for k in spec):
         return ""  # the stream layout needs an obs and an action field
     return compare_layouts(
@@ -121,6 +213,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--device", default="cpu", help="device of a RAM storage (cpu, cuda:0, ...)")
     sp.add_argument("--path", default=None, help="directory of a disk storage")
+    sp.add_argument(
+        "--sampler",
+        default="uniform",
+        choices=["uniform", "prioritized", "sequence"],
+        help="the buffer's sampler: its per-row state is counted (prioritized: ~19 B per row)",
+    )
+    sp.add_argument(
+        "--layout",
+        default="naive",
+        choices=["naive", "stream"],
+        help="naive: store the fields as given; stream: StreamStorage lanes (frames once, "
+        "next obs rebuilt), its lane bookkeeping counted",
+    )
     sp.add_argument("--num-envs", type=int, default=8, help="envs feeding the stream layout")
     sp.add_argument(
         "--frame-stack",
@@ -129,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="frames per observation (stream layout stores single frames)",
     )
     sp.set_defaults(func=cmd_plan)
+    sp.error = _one_line_error(sp, "plan")  # type: ignore[method-assign]
 
     sd = sub.add_parser("doctor", help="what matters for RL runs on this machine")
     sd.add_argument("--run-dir", default="runs", help="where runs and disk buffers go")
@@ -136,6 +242,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_optional_commands(sub)
     return p
+
+
+def _one_line_error(parser: argparse.ArgumentParser, command: str) -> Any:
+    """``parser.error`` as one line naming the flag (argparse prints usage + error)."""
+
+    def error(message: str) -> NoReturn:
+        parser.exit(2, f"rlstash {command}: error: {message.removeprefix('argument ')}\n")
+
+    return error
 
 
 def _add_optional_commands(sub: argparse._SubParsersAction) -> None:
@@ -150,7 +265,10 @@ def _add_optional_commands(sub: argparse._SubParsersAction) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error already printed
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return int(args.func(args) or 0)
     except (ValueError, TypeError, MemoryError) as exc:
