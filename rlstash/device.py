@@ -25,28 +25,64 @@ from rlstash.spec import Batch
 _warned_pin = False
 
 
-def resolve_device(device: str | torch.device | None, name: str = "device") -> torch.device | None:
-    """Parse a device argument. ``"auto"`` means CUDA when available, else CPU.
+SUPPORTED = ("cpu", "cuda", "meta")  # device types rlstash stores and delivers on
+_DEVICE_HELP = "'cpu', 'cuda', 'cuda:N', 'auto' (CUDA when available, else CPU) or 'meta'"
 
-    ``None`` stays ``None`` (leave data where it is). Asking for CUDA on a machine without it
-    is an error that says so, never a silent CPU fallback.
+
+def resolve_device(
+    device: str | torch.device | None,
+    name: str = "device",
+    allow_none: bool = True,
+    ops: CudaOps | None = None,
+) -> torch.device | None:
+    """Parse and check a device argument; the one place rlstash turns user input into a device.
+
+    ``"auto"`` means CUDA when available, else CPU. ``None`` stays ``None`` (leave data where
+    it is) when ``allow_none``. Supported types are ``cpu``, ``cuda`` and ``meta`` (shapes
+    without data: dry runs and tests). Anything else (``"mps"``, ``"xpu"``, a typo such as
+    ``"gpu"`` or ``"cuda:x"``), CUDA on a machine without it, or a GPU index the machine does
+    not have is a ``ValueError`` naming ``name``, the value and the fix, raised when the
+    object is built, never a silent CPU fallback. ``ops`` replaces the CUDA queries (tests).
     """
     if device is None:
-        return None
+        if allow_none:
+            return None
+        raise ValueError(f"{name}: expected {_DEVICE_HELP}, got None")
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(
+            f"{name}: expected a device string or torch.device ({_DEVICE_HELP}), "
+            f"got {type(device).__name__} {device!r}"
+        )
+    ops = ops or CudaOps()
     if isinstance(device, str) and device == "auto":
-        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        return torch.device("cuda") if ops.is_available() else torch.device("cpu")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"{name}: {device!r} is not a device; expected {_DEVICE_HELP}") from exc
+    if dev.type not in SUPPORTED:
         raise ValueError(
-            f"{name}: expected 'cpu', 'cuda', 'cuda:N', 'auto' or None, got {device!r}"
-        ) from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
+            f"{name}: device type {dev.type!r} (from {str(device)!r}) is not supported by "
+            f"rlstash; expected {_DEVICE_HELP}; fix: pass {name}='cpu' or a CUDA device"
+        )
+    if dev.type == "cuda":
+        _check_cuda(dev, name, ops)
+    return dev
+
+
+def _check_cuda(dev: torch.device, name: str, ops: CudaOps) -> None:
+    if not ops.is_available():
         raise ValueError(
             f"{name}: {str(dev)!r} was asked for but torch.cuda.is_available() is False "
             f"(torch {torch.__version__}); fix: pass {name}='cpu' or install a CUDA build of torch"
         )
-    return dev
+    if dev.index is not None:
+        count = ops.device_count()
+        if dev.index >= count:
+            raise ValueError(
+                f"{name}: {str(dev)!r} was asked for but this machine has {count} CUDA "
+                f"device(s) (cuda:0 .. cuda:{count - 1}); fix: pass an index below {count}"
+            )
 
 
 def is_cuda(device: torch.device | None) -> bool:
@@ -58,6 +94,9 @@ class CudaOps:
 
     def is_available(self) -> bool:
         return torch.cuda.is_available()
+
+    def device_count(self) -> int:
+        return torch.cuda.device_count()
 
     def empty_pinned(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, pin_memory=True)
@@ -105,7 +144,7 @@ class Delivery:
         if not isinstance(pin_memory, bool):
             raise TypeError(f"pin_memory: expected a bool, got {type(pin_memory).__name__}")
         self.ops = ops or CudaOps()
-        self.device = resolve_device(device) if ops is None else _parse(device)
+        self.device = resolve_device(device, ops=ops)
         self.pin_memory = pin_memory
         self.stream_mode = stream
         self._staging: dict[str, torch.Tensor] = {}
@@ -121,19 +160,27 @@ class Delivery:
         return not self.pin_memory and (self.device is None or self.device.type == "cpu")
 
     def __call__(self, batch: Batch) -> Batch:
-        if self.identity:
+        device = self.device
+        if device is None:  # leave every tensor where it is; pin the host ones if asked
+            return self._pin_host(batch) if self.pin_memory else batch
+        if not self.pin_memory and device.type == "cpu":
             for t in batch.values():
                 if not t.is_cpu:
                     break
             else:
                 return batch
-        if is_cuda(self.device):
+        if device.type == "cuda":
             return self._to_cuda(batch)
         return self._to_host_or_other(batch)
 
+    def _pin_host(self, batch: Batch) -> Batch:
+        """``device=None, pin_memory=True``: host tensors pinned, others left where they are."""
+        return {k: self.ops.pin(t) if t.is_cpu else t for k, t in batch.items()}
+
     # host or another non-CUDA target
     def _to_host_or_other(self, batch: Batch) -> Batch:
-        target = self.device or torch.device("cpu")
+        target = self.device
+        assert target is not None
         out: Batch = {}
         pending = None
         for key, t in batch.items():
@@ -201,8 +248,104 @@ class Delivery:
             self._staging_free.synchronize()
 
 
-def _parse(device: str | torch.device | None) -> torch.device | None:
-    return None if device is None else torch.device(device)
+class Handover:
+    """Hands a batch made on one thread's CUDA stream to another thread's stream safely (I4).
+
+    The producer (a prefetch thread) calls :meth:`mark` once the batch is complete: for each
+    CUDA device in it, an event is recorded on the producer's current stream, behind every
+    gather, transform and copy that made the batch. The consumer calls :meth:`receive` when it
+    takes the batch: its current stream waits on that event (its kernels see finished data,
+    without blocking the host), and every tensor is ``record_stream``-ed for it, so the caching
+    allocator never hands the memory to another allocation (the next prefetch copy) while the
+    consumer's kernels may still read it. Host-only batches make no CUDA call (I1).
+    """
+
+    def __init__(self, ops: CudaOps | None = None) -> None:
+        self.ops = ops or CudaOps()
+
+    def mark(self, batch: Batch) -> list[tuple[torch.device, Any]]:
+        """Producer side: ``[(device, event)]`` for the CUDA devices of ``batch``."""
+        marks = []
+        for dev in _cuda_devices(batch):
+            event = self.ops.new_event()
+            event.record(self.ops.current_stream(dev))
+            marks.append((dev, event))
+        return marks
+
+    def receive(self, batch: Batch, marks: list[tuple[torch.device, Any]]) -> Batch:
+        """Consumer side: the caller's current stream waits for the batch and owns its memory."""
+        for dev, event in marks:
+            stream = self.ops.current_stream(dev)
+            stream.wait_event(event)
+            for t in batch.values():
+                if t.device == dev:
+                    self.ops.record_stream(t, stream)
+        return batch
+
+
+def _cuda_devices(batch: Batch) -> list[torch.device]:
+    devices: list[torch.device] = []
+    for t in batch.values():
+        dev = t.device
+        if dev.type == "cuda" and dev not in devices:
+            devices.append(dev)
+    return devices
+
+
+class StreamOrder:
+    """Orders the writes and reads of one GPU storage on the GPU, whatever stream runs them.
+
+    A host lock orders when work is *enqueued*; on a GPU, work enqueued on two streams may
+    still run in any order: a gather on the prefetch thread's stream could read rows an
+    ``extend`` on the learner's stream has not finished writing, or a write could overwrite
+    rows a gather is still reading. So (called under the owner's lock, around each operation):
+
+    * :meth:`before_read` makes the reading stream wait on the event of the last write;
+    * :meth:`after_read` records an event per reading stream;
+    * :meth:`before_write` makes the writing stream wait on the last write and on every read
+      recorded since (a ring overwrites the oldest rows);
+    * :meth:`after_write` records the write's event.
+
+    Waits on the stream's own events are skipped (a stream is ordered with itself). All calls
+    go through :class:`CudaOps` (tests pass fakes).
+    """
+
+    def __init__(self, device: torch.device, ops: CudaOps | None = None) -> None:
+        self.device = device
+        self.ops = ops or CudaOps()
+        self._write: tuple[Any, Any] | None = None  # (stream, event) of the last write
+        self._reads: dict[Any, Any] = {}  # stream -> event of its last read since that write
+
+    def before_read(self) -> None:
+        stream = self.ops.current_stream(self.device)
+        if self._write is not None and self._write[0] != stream:
+            stream.wait_event(self._write[1])
+
+    def after_read(self) -> None:
+        stream = self.ops.current_stream(self.device)
+        event = self.ops.new_event()
+        event.record(stream)
+        self._reads[stream] = event
+
+    def before_write(self) -> None:
+        stream = self.ops.current_stream(self.device)
+        if self._write is not None and self._write[0] != stream:
+            stream.wait_event(self._write[1])
+        for other, event in self._reads.items():
+            if other != stream:
+                stream.wait_event(event)
+        self._reads.clear()  # later writes wait on this one, which waited on them
+
+    def after_write(self) -> None:
+        stream = self.ops.current_stream(self.device)
+        event = self.ops.new_event()
+        event.record(stream)
+        self._write = (stream, event)
+
+
+def stream_order(device: torch.device) -> StreamOrder | None:
+    """A :class:`StreamOrder` for a CUDA storage, ``None`` elsewhere (no CUDA call on the CPU)."""
+    return StreamOrder(device) if device.type == "cuda" else None
 
 
 def _warn_pin_once() -> None:

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from rlstash.core import Index, SampleContext, Sampler, Storage
-from rlstash.device import Delivery
+from rlstash.device import Delivery, Handover
 from rlstash.indices import as_rows
 from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler
 from rlstash.spec import Batch
@@ -81,7 +81,12 @@ class ReplayBuffer:
             raise TypeError(
                 f"storage: expected a Storage (TensorStorage, MemmapStorage, ...), got {type(storage).__name__}"
             )
-        if not isinstance(prefetch, int) or prefetch < 0:
+        if not isinstance(prefetch, int) or isinstance(prefetch, bool):
+            raise TypeError(
+                f"prefetch: expected an int count of batches kept ready (0: none), got "
+                f"{type(prefetch).__name__} {prefetch!r}; e.g. prefetch=2"
+            )
+        if prefetch < 0:
             raise ValueError(f"prefetch: expected an int >= 0, got {prefetch!r}")
         transforms = list(transforms)
         for i, t in enumerate(transforms):
@@ -103,7 +108,8 @@ class ReplayBuffer:
         self.rng = np.random.default_rng(seed)
         self.sampler.reset(storage.capacity)
         _check_spec(self.sampler, storage.spec)  # e.g. SequenceSampler needs episode flags
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # extend, and the index pick + gather of sample
+        self._prefetch_lock = threading.Lock()  # starting/stopping the prefetcher, close
         self._ctx = SampleContext(0, 0, storage.capacity, self.rng)
         # hot-path helpers, looked up once (None when the storage has no such fast path)
         from rlstash.storage.ram import ArrayStorage  # (the storage package is loaded by now)
@@ -145,6 +151,7 @@ class ReplayBuffer:
             self._check_open()
         if self._placed:
             with self._lock:
+                self._check_open()
                 index = self.storage.extend(batch)  # validated there: a bad batch writes nothing
                 self.sampler.on_write(index, self.storage.step_flags(index))
             return index
@@ -154,6 +161,8 @@ class ReplayBuffer:
             writer = self.writer
             if n <= writer.capacity:
                 with self._lock:
+                    if self._closed:
+                        self._check_open()
                     index = writer.reserve(n)
                     self._put(index, srcs)
                     writer.commit(n)
@@ -165,6 +174,7 @@ class ReplayBuffer:
         n = next(iter(data.values())).shape[0]
         cap = self.capacity
         with self._lock:
+            self._check_open()
             if n > cap:
                 data = {k: v[n - cap :] for k, v in data.items()}
                 start = (self.writer.cursor + n - cap) % cap
@@ -203,24 +213,40 @@ class ReplayBuffer:
 
     # sampling
     def sample(self, batch_size: int) -> Batch:
-        """Sample a batch: fields, ``index`` (int64) and sampler extras such as ``weight``."""
+        """Sample a batch: fields, ``index`` (int64) and sampler extras such as ``weight``.
+
+        ``batch_size`` is a positive int; above the capacity (rows repeat) the batch must fit
+        in half the RAM free now, else ValueError (never an out-of-memory kill). From a closed
+        buffer (also when another
+        thread closes it while this call waits): ``RuntimeError("ReplayBuffer is closed")``.
+        """
         if self._closed:
             self._check_open()
-        if type(batch_size) is not int and (
-            not isinstance(batch_size, int) or isinstance(batch_size, bool)
-        ):
-            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
-        if batch_size <= 0:
-            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        if type(batch_size) is not int or not 0 < batch_size <= self.capacity:
+            _check_batch_size(batch_size, self.capacity, self.storage.spec.row_bytes)
         if self.prefetch:
-            if self._prefetcher is None or self._prefetcher.batch_size != batch_size:
-                self._stop_prefetch()
-                self._prefetcher = _Prefetcher(self, batch_size, self.prefetch)
-            return self._prefetcher.get()
+            return self._sample_prefetched(batch_size)
         return self._sample_now(batch_size)
+
+    def _sample_prefetched(self, batch_size: int) -> Batch:
+        while True:
+            with self._prefetch_lock:
+                self._check_open()
+                prefetcher = self._prefetcher
+                if prefetcher is None or prefetcher.batch_size != batch_size or prefetcher.spent:
+                    if prefetcher is not None:
+                        prefetcher.stop()
+                    prefetcher = _Prefetcher(self, batch_size, self.prefetch)
+                    self._prefetcher = prefetcher
+            try:
+                return prefetcher.get()
+            except _Stopped:
+                self._check_open()  # closed: a clear error; else replaced or spent: again
 
     def _sample_now(self, batch_size: int) -> Batch:
         with self._lock:
+            if self._closed:
+                self._check_open()
             ctx = self._ctx
             if self._placed:  # candidates anywhere; ``valid`` says which rows are starts
                 if not self.storage.size:
@@ -253,10 +279,7 @@ class ReplayBuffer:
             return batch  # host tensors, nothing to move or pin: delivery is the identity
         for transform in transforms:
             batch = transform(batch)
-            if not isinstance(batch, dict):
-                raise TypeError(
-                    f"transform {transform!r}: expected it to return a dict, got {type(batch).__name__}"
-                )
+            _check_transformed(batch, transform)
         return self.delivery(batch)
 
     def update_priorities(self, index: Any, priority: Any) -> None:
@@ -273,12 +296,17 @@ class ReplayBuffer:
 
     # lifecycle
     def close(self) -> None:
-        """Stop the prefetch thread and close the storage (a disk storage flushes its metadata)."""
-        if self._closed:
-            return
-        self._stop_prefetch()
-        self._closed = True
-        self.storage.close()
+        """Stop the prefetch thread and close the storage (a disk storage flushes its metadata).
+
+        Safe while other threads sample or extend: they get ``RuntimeError("ReplayBuffer is
+        closed")``, and no thread is left behind."""
+        with self._prefetch_lock:
+            if self._closed:
+                return
+            self._closed = True  # from now on no prefetcher is started
+            self._stop_prefetch()
+        with self._lock:  # after any sample or extend in progress
+            self.storage.close()
 
     def __enter__(self) -> ReplayBuffer:
         return self
@@ -288,7 +316,7 @@ class ReplayBuffer:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("ReplayBuffer is closed")
+            raise RuntimeError("ReplayBuffer is closed: make a new one (or load a saved one)")
 
     def _stop_prefetch(self) -> None:
         if self._prefetcher is not None:
@@ -384,65 +412,103 @@ class ReplayBuffer:
         self._sync_storage_cursor()
 
 
+class _Stopped(Exception):
+    """The prefetcher a caller waited on was stopped (the buffer closed, or a new batch size)."""
+
+
+class _Failure:
+    """A sample that failed in the prefetch thread: raised to the caller that takes it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
 class _Prefetcher:
-    """A daemon thread that keeps ``depth`` batches ready; holds only a weak reference."""
+    """A daemon thread that keeps ``depth`` batches ready; holds only a weak reference.
+
+    A failed sample (an empty buffer, a transform that raises) is queued behind the batches
+    made before it and raised to the caller that takes it; the thread then ends, and the next
+    ``sample`` starts a fresh prefetcher, so an error is never handed to a later caller after
+    the cause may be gone (the buffer extended since). CUDA batches cross threads through a
+    :class:`~rlstash.device.Handover`: an event recorded on the thread's stream, waited on by
+    the caller's current stream, and ``record_stream`` for the caller (invariant I4).
+    """
 
     def __init__(self, buffer: ReplayBuffer, batch_size: int, depth: int) -> None:
         self.batch_size = batch_size
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self.stop_event = threading.Event()
+        self.handover = Handover(buffer.delivery.ops)
         ref = weakref.ref(buffer)
         self.thread = threading.Thread(
             target=_prefetch_loop,
-            args=(ref, batch_size, self.queue, self.stop_event),
+            args=(ref, batch_size, self.queue, self.stop_event, self.handover),
             name="rlstash-prefetch",
             daemon=True,
         )
         self.thread.start()
 
+    @property
+    def spent(self) -> bool:
+        """True once the thread ended (after a failure) and every queued item was taken."""
+        return not self.thread.is_alive() and self.queue.empty()
+
     def get(self) -> Batch:
+        """The next batch, made safe for the caller's stream. Raises :class:`_Stopped` when
+        stopped or spent (the caller then asks the buffer again)."""
         while True:
+            if self.stop_event.is_set():
+                raise _Stopped
             try:
-                item = self.queue.get(timeout=1.0)
+                item = self.queue.get(timeout=0.05)
             except queue.Empty:
-                if not self.thread.is_alive():
-                    raise RuntimeError("prefetch thread stopped unexpectedly") from None
+                if not self.thread.is_alive() and self.queue.empty():
+                    raise _Stopped from None
                 continue
-            if isinstance(item, BaseException):
-                raise item
-            return item
+            if type(item) is _Failure:
+                raise item.error
+            batch, marks = item
+            return self.handover.receive(batch, marks) if marks else batch
 
     def stop(self) -> None:
         self.stop_event.set()
-        while True:  # unblock a put() waiting on a full queue
-            try:
-                self.queue.get_nowait()
-            except queue.Empty:
-                break
+        _drain(self.queue)  # unblock a put() waiting on a full queue
         self.thread.join(timeout=10.0)
+        _drain(self.queue)
+
+
+def _drain(q: queue.Queue) -> None:
+    while True:
+        try:
+            q.get_nowait()
+        except queue.Empty:
+            return
 
 
 def _prefetch_loop(
-    ref: weakref.ref, batch_size: int, q: queue.Queue, stop: threading.Event
+    ref: weakref.ref, batch_size: int, q: queue.Queue, stop: threading.Event, handover: Handover
 ) -> None:
-    while not stop.is_set():
+    failed = False
+    while not (stop.is_set() or failed):
         buffer = ref()
         if buffer is None:
             return
         try:
-            item: Any = buffer._sample_now(batch_size)
-            buffer.delivery.synchronize()  # hand over only data that is safe to read (I4)
-        except BaseException as exc:  # noqa: BLE001 - surfaced to the caller by get()
-            item = exc
+            batch = buffer._sample_now(batch_size)
+            item: Any = (batch, handover.mark(batch))  # event behind the batch's GPU work
+        except BaseException as exc:  # noqa: BLE001 - raised to the caller by get()
+            item, failed = _Failure(exc), True
         del buffer
         while not stop.is_set():
             try:
                 q.put(item, timeout=0.1)
                 break
             except queue.Full:
-                continue
-        if isinstance(item, BaseException):
-            return
+                if ref() is None:
+                    return
+        del item
 
 
 def _check_spec(sampler: Sampler, spec: Any) -> None:
@@ -457,6 +523,47 @@ def _fields_for(sampler: Sampler, storage: Storage, size: int) -> Batch:
     tensors = getattr(storage, "tensors", {})
     keys = [k for k in getattr(sampler, "end_keys", ()) if k in tensors]
     return {k: tensors[k][:size] for k in keys}
+
+
+_SCRATCH_BYTES = 64  # per sampled row beyond its fields: index, weight, sampler scratch
+
+
+def _check_batch_size(batch_size: Any, capacity: int, row_bytes: int = 0) -> None:
+    """TypeError/ValueError for a ``batch_size`` that is not a positive int, or (above the
+    capacity, where rows repeat) one whose batch would not fit in the RAM free now."""
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool):
+        raise TypeError(
+            f"batch_size: expected a positive int, got {type(batch_size).__name__} {batch_size!r}"
+        )
+    if batch_size <= 0:
+        raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+    if batch_size <= capacity:
+        return
+    from rlstash.diag.memory import human_bytes, ram_available
+
+    need = batch_size * (row_bytes + _SCRATCH_BYTES)
+    free = ram_available()
+    if need > free // 2:
+        raise ValueError(
+            f"batch_size: {batch_size:,} rows from a buffer of capacity {capacity:,} needs about "
+            f"{human_bytes(need)} while {human_bytes(free)} of RAM is free (at most half of it "
+            "is used for one batch); fix: sample smaller batches"
+        )
+
+
+def _check_transformed(batch: Any, transform: Transform) -> None:
+    """A transform must return a dict of tensors: else TypeError naming it and the key."""
+    if type(batch) is not dict and not isinstance(batch, dict):
+        raise TypeError(
+            f"transform {transform!r}: expected it to return a dict of tensors, got "
+            f"{type(batch).__name__}"
+        )
+    for key, value in batch.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"transform {transform!r}: returned {type(value).__name__} for key {key!r}, "
+                f"expected a torch.Tensor; fix: return torch.as_tensor(...) for it"
+            )
 
 
 def _host_numpy(value: Any, name: str) -> np.ndarray:

@@ -115,3 +115,19 @@ def cuda_tripwire(request, monkeypatch):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "allow_cuda: run without the CUDA tripwire (uses fakes)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """``gpu`` tests run without the tripwire, and are skipped where CUDA is absent.
+
+    ``torch.cuda.is_available()`` is asked only when a ``gpu`` test was collected."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    skip = None
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA (torch.cuda.is_available() is False)")
+    for item in gpu:
+        item.add_marker(pytest.mark.allow_cuda)
+        if skip is not None:
+            item.add_marker(skip)

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from rlstash.agents.actions import ActionMask
+from rlstash.device import resolve_device
 from rlstash.settings import SettingError, check_types, setting
 
 Batch = dict[str, torch.Tensor]
@@ -256,8 +257,8 @@ class AgentBase:
     algo = "agent"
 
     def _init_devices(self, device: Any, act_device: Any, seed: int) -> None:
-        self.device = torch.device(device)
-        self.act_device = torch.device(act_device) if act_device is not None else self.device
+        self.device = resolve_device(device, "device", allow_none=False)
+        self.act_device = resolve_device(act_device, "act_device") or self.device
         self.seed = int(seed)
         self.updates = 0  # gradient steps taken
         self.env_steps = 0  # env steps acted (non-deterministic act calls), drives epsilon
@@ -336,8 +337,8 @@ class AgentBase:
 
         Generators on a new device type are reseeded from the old generator (their states do
         not transfer across device types)."""
-        device = torch.device(device)
-        act_device = torch.device(act_device) if act_device is not None else device
+        device = resolve_device(device, "device", allow_none=False)
+        act_device = resolve_device(act_device, "act_device") or device
         optim_states = {name: opt.state_dict() for name, opt in self.optims.items()}
         for net in self.nets.values():
             net.to(device)

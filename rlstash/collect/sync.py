@@ -80,7 +80,7 @@ class Collector:
             )
         self.env, self.policy, self.num_envs = env, policy, n
         self.steps_per_batch = frames_per_batch // n
-        self.device = resolve_device(device) or torch.device("cpu")
+        self.device = resolve_device(device, "device") or torch.device("cpu")
         self.to_device = Delivery(self.device, False, stream=cuda_stream)
         self.same_step = _autoreset_mode(env) == "SameStep"
         self.total_frames = total_frames

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from rlstash.core import Index
+from rlstash.device import resolve_device, stream_order
 from rlstash.diag.memory import plan
 from rlstash.indices import normalize_index
 from rlstash.spec import Batch, Spec, dtype_name
@@ -115,6 +116,8 @@ class ArrayStorage:
         """Attach the allocated tensors; ``arrays`` are numpy views (CPU only, else None)."""
         self.tensors = tensors
         self._arrays = arrays  # None: use torch ops (non-CPU devices)
+        # GPU: writes and reads ordered on the GPU by events, whatever stream runs them
+        self.order = stream_order(self.device)
         self._np_fields = list(arrays.items()) if arrays is not None else None
         self._carrier = {k: _CARRIERS.get(f.dtype) for k, f in self.spec.items()}
         self._np_write = None
@@ -270,8 +273,13 @@ class ArrayStorage:
             raise ValueError(f"batch: field {exc.args[0]!r} is missing") from None
         if isinstance(index, np.ndarray):
             index = torch.from_numpy(index).to(dev)
+        order = self.order
+        if order is not None:
+            order.before_write()
         for t, src in zip(self.tensors.values(), srcs):
             t[index] = src
+        if order is not None:
+            order.after_write()
 
     # ------------------------------------------------------------------ read
     def read(self, index: Index, out: Batch | None = None) -> Batch:
@@ -375,6 +383,17 @@ class ArrayStorage:
 
     def _read_torch(self, index: slice | np.ndarray, n: int, out: Batch | None) -> Batch:
         tensors = self._check_out(out, n) if out is not None else None
+        order = self.order
+        if order is not None:
+            order.before_read()
+        res = self._read_torch_unordered(index, tensors, out)
+        if order is not None:
+            order.after_read()
+        return res
+
+    def _read_torch_unordered(
+        self, index: slice | np.ndarray, tensors: list[torch.Tensor] | None, out: Batch | None
+    ) -> Batch:
         if isinstance(index, slice):
             if tensors is None:
                 return {k: t[index].clone() for k, t in self.tensors.items()}
@@ -524,7 +543,7 @@ class TensorStorage(ArrayStorage):
     ) -> None:
         self.spec = as_spec(spec)
         self.capacity = check_capacity(capacity)
-        self.device = torch.device(device)
+        self.device = resolve_device(device, "device", allow_none=False)
         self.plan = plan(self.spec, capacity, "ram", self.device).check(allow_overcommit)
         tensors = {
             name: _zeros((capacity, *f.shape), f.dtype, self.device)

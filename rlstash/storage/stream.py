@@ -65,6 +65,7 @@ import numpy as np
 import torch
 
 from rlstash.core import Index, Storage
+from rlstash.device import resolve_device
 from rlstash.indices import as_rows
 from rlstash.spec import Batch, Field, Spec
 from rlstash.storage import register_kind
@@ -210,7 +211,7 @@ class StreamStorage:
         if backing == "disk":
             if path is None:
                 raise ValueError("path: backing='disk' needs a directory path, got None")
-            if torch.device(device).type != "cpu":
+            if resolve_device(device, "device", allow_none=False).type != "cpu":
                 raise ValueError(
                     f"device: a disk backing lives on the CPU, got {str(device)!r}; deliver "
                     "batches to a device with ReplayBuffer(device=...)"
@@ -587,6 +588,9 @@ class StreamStorage:
                 res[name] = src.index_select(0, sel).reshape(*r.shape, *src.shape[1:])
                 at += r.size
             return res
+        order = getattr(self.backing, "order", None)  # a GPU backing: after its writes (I4)
+        if order is not None:
+            order.before_read()
         for name, r in req.items():
             field = name.removeprefix("next_")
             t = tensors[field]
@@ -601,6 +605,8 @@ class StreamStorage:
                 o = None if dst is None else dst.view(r.size, *t.shape[1:])
                 v = t.index_select(0, sel) if o is None else torch.index_select(t, 0, sel, out=o)
             res[name] = v.reshape(*r.shape, *t.shape[1:])
+        if order is not None:
+            order.after_read()
         return res
 
     def _dev(self, a: np.ndarray) -> torch.Tensor:
