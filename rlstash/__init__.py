@@ -54,6 +54,8 @@ _EXPORTS: dict[str, str] = {
     "HistorySummarizer": "rlstash.agents.history",
     "HistoryWindow": "rlstash.agents.history",
     "transitions_from_windows": "rlstash.agents.history",
+    # the training application
+    "TrainConfig": "rlstash.train.config",
 }
 
 __all__ = [
@@ -87,6 +89,7 @@ __all__ = [
     "StreamStorage",
     "TensorStorage",
     "TieredStorage",
+    "TrainConfig",
     "UniformSampler",
     "WorkerFailedError",
     "plan",
@@ -119,4 +122,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.storage.disk import MemmapStorage
     from rlstash.storage.ram import TensorStorage
     from rlstash.storage.rollout import RolloutStorage
+    from rlstash.train.config import TrainConfig
     from rlstash.writer import RingWriter

@@ -133,3 +133,49 @@ def test_plan_bad_setting_is_one_line_and_writes_nothing(
     for word in words:
         assert word in err, f"{word!r} not in {err!r}"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_measures_replay_pool_and_updates(capsys):
+    import re
+
+    rc = cli.main(["bench", "--envs", "2", "--workers", "0,1", "--batch-size", "8",
+                   "--capacity", "64", "--chunk", "16", "--seconds", "0.03"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    table = out.split("\n\n")[0].splitlines()[2:]  # below the header and its rule
+    cells = [re.split(r"\s{2,}", line.strip()) for line in table]
+    assert [c[0] for c in cells] == ["replay extend", "replay sample", "env steps", "env steps",
+                                     "agent updates"]  # fmt: skip
+    assert [c[3] for c in cells] == ["rows/s", "rows/s", "steps/s", "steps/s", "updates/s"]
+    assert all(float(c[2].replace(",", "")) > 0 for c in cells)
+    assert "workers=0" in cells[2][1] and "workers=1" in cells[3][1]
+    assert "learner keeps up with" in out and "fastest collection" in out
+
+
+def test_bench_rates_come_from_timed_work():
+    from rlstash.diag.bench import timed_rate
+
+    calls = []
+
+    def op():
+        calls.append(1)
+        return 10
+
+    rate, spread = timed_rate(op, seconds=0.03)
+    assert rate > 0 and spread >= 0 and len(calls) > 3
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--batch-size", "0"], ["--batch-size", ">= 1", "'0'"]),
+        (["--workers", "0,-1"], ["--workers", "'-1'"]),
+        (["--algo", "nope"], ["--algo", "'nope'"]),
+        (["--seconds", "nan"], ["--seconds", "'nan'"]),
+        (["--batch-size", "128", "--capacity", "64"], ["batch_size", "--capacity"]),
+    ],
+)
+def test_bench_bad_flags_are_one_line(capsys, argv, words):
+    assert cli.main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and all(w in err for w in words), err

@@ -255,7 +255,7 @@ def _one_line_error(parser: argparse.ArgumentParser, command: str) -> Any:
 
 def _add_optional_commands(sub: argparse._SubParsersAction) -> None:
     """train / eval / bench live in their own modules; register them when present."""
-    for module in ("rlstash.train.cli_train",):
+    for module in ("rlstash.train.cli_train", "rlstash.train.cli_bench"):
         try:
             mod = __import__(module, fromlist=["register"])
         except ImportError:
