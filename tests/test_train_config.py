@@ -226,3 +226,18 @@ def test_cli_run_with_flags_trains(tmp_path: Path) -> None:
 
     state = checkpoint.load_state(tmp_path / "f" / "checkpoint")
     assert state["config"]["n_steps"] == 2 and state["config"]["agent"]["net_arch"] == (8,)
+
+
+def test_resume_refuses_new_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--resume", str(tmp_path / "r"), "--steps", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume" in err and "--steps" in err and err.count("\n") == 1
+
+
+def test_an_agent_config_repeating_a_loop_setting_cannot_register() -> None:
+    @dataclasses.dataclass
+    class Repeats(DQNConfig):
+        steps: int = 5
+
+    with pytest.raises(ValueError, match=r"repeats TrainConfig settings \['steps'\]"):
+        algos.Algo("x", {"discrete": algos.Learner(Repeats, None)}, loop=algos.ALGOS["dqn"].loop)

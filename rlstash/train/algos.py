@@ -58,6 +58,13 @@ class Algo:
                 f"algo {self.name}: loop must give {sorted(missing)} and learners may only be "
                 f"{ACTION_KINDS}"
             )
+        train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+        for learner in self.learners.values():
+            if agent_fields(learner.config) & train_fields:
+                raise ValueError(
+                    f"algo {self.name}: {learner.config.__name__} repeats TrainConfig settings "
+                    f"{sorted(agent_fields(learner.config) & train_fields)}; give each setting once"
+                )
         for env_id, preset in self.presets.items():
             known = set(LOOP_SETTINGS).union(
                 *(agent_fields(lr.config) for lr in self.learners.values())

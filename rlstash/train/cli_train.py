@@ -61,12 +61,17 @@ def settings_from_args(args: argparse.Namespace, given: Given) -> Given:
 def cmd_train(args: argparse.Namespace) -> int:
     from rlstash.train.loop import train
 
-    if args.resume:
-        train(resume=args.resume)
-        return 0
     given = Given()
     try:
         settings_from_args(args, given)
+        if args.resume:
+            if given.sources:
+                raise ValueError(
+                    f"--resume: continues a run with its saved settings, got "
+                    f"{', '.join(sorted(set(given.sources.values())))}; drop them or start a new run"
+                )
+            train(resume=args.resume)
+            return 0
         cfg = given.config()
         result = train(cfg)
     except SettingError as exc:
