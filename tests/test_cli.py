@@ -98,9 +98,6 @@ def test_train_bad_setting_is_one_line_and_writes_nothing(tmp_path, capsys, argv
     assert not runs.exists(), "a refused run wrote files"
 
 
-# --- rlstash bench --------------------------------------------------------------------------
-
-
 # --- rlstash plan: a bad setting is one line naming it and the fix, exit 2, nothing written
 @pytest.mark.parametrize(
     ("argv", "words"),
@@ -133,6 +130,9 @@ def test_plan_bad_setting_is_one_line_and_writes_nothing(
     for word in words:
         assert word in err, f"{word!r} not in {err!r}"
     assert list(tmp_path.iterdir()) == []
+
+
+# --- rlstash bench --------------------------------------------------------------------------
 
 
 def test_bench_measures_replay_pool_and_updates(capsys):
