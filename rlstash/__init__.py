@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from rlstash import registration as _registration
+
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
@@ -94,6 +96,9 @@ __all__ = [
     "WorkerFailedError",
     "plan",
 ]
+
+
+_registration.install()  # the gymnasium ids rlstash/CartPole-v1, rlstash/Pendulum-v1
 
 
 def __getattr__(name: str) -> Any:
