@@ -1,5 +1,9 @@
 """Collector: the policy runs in this process, one forward pass for all envs per step.
 
+Two paths, chosen by the env: a host env (an EnvPool, gymnasium's numpy vector envs) and a
+batched torch env with a ``device`` attribute (GPU simulators, ``rlstash/CartPole-v1``),
+whose tensors stay on that device (:mod:`rlstash.collect.batched`).
+
 ::
 
     pool = ProcessPoolVectorEnv("CartPole-v1", num_envs=8, seed=0)
@@ -32,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlstash.collect.batched import BatchedPath, env_device, host
 from rlstash.device import Delivery, is_cuda, resolve_device
 from rlstash.spec import Batch
 
@@ -59,7 +64,7 @@ class Collector:
         env: Any,
         policy: Policy,
         frames_per_batch: int,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = None,
         cuda_stream: str = "current",
         total_frames: int | None = None,
         seed: int | None = None,
@@ -80,12 +85,24 @@ class Collector:
             )
         self.env, self.policy, self.num_envs = env, policy, n
         self.steps_per_batch = frames_per_batch // n
-        self.device = resolve_device(device, "device") or torch.device("cpu")
-        self.to_device = Delivery(self.device, False, stream=cuda_stream)
-        self.same_step = _autoreset_mode(env) == "SameStep"
         self.total_frames = total_frames
         self.frames = 0
-        self.stats = EpisodeStats()
+        self._stats = EpisodeStats()
+        on = env_device(env)
+        self.batched: BatchedPath | None = None
+        if on is not None:  # a batched torch env: the policy runs on its device
+            if cuda_stream not in ("current", "dedicated"):
+                raise ValueError(
+                    f"cuda_stream: expected 'current' or 'dedicated', got {cuda_stream!r}"
+                )
+            _check_same_device(device, on)
+            self.device = on
+            self.batched = BatchedPath(env, on, cuda_stream)
+            self.same_step = self.batched.same_step
+        else:
+            self.device = resolve_device(device, "device") or torch.device("cpu")
+            self.to_device = Delivery(self.device, False, stream=cuda_stream)
+            self.same_step = _autoreset_mode(env) == "SameStep"
         self._seed = seed
         self._obs: np.ndarray | None = None
         self._ret = np.zeros(n, np.float64)
@@ -98,22 +115,41 @@ class Collector:
 
     @property
     def next_obs(self) -> torch.Tensor:
-        """The observations the next batch starts from, [N, *obs_shape] on the host (after a
-        batch: the observation after its last step, which on-policy learners bootstrap from)."""
+        """The observations the next batch starts from, [N, *obs_shape] (after a batch: the
+        observation after its last step, which on-policy learners bootstrap from); on the host
+        for host envs, on the env's device (a copy) for batched envs."""
         if self._obs is None:
             self.reset()
+        if self.batched is not None:
+            return self._obs.clone()
         return torch.from_numpy(np.array(self._obs, copy=True))
 
+    @property
+    def stats(self) -> EpisodeStats:
+        """Returns and lengths of finished episodes (batched envs: up to the last batch)."""
+        if self.batched is not None and self.batched.log.pending:
+            s = self._stats
+            s.count += self.batched.log.drain(s.returns, s.lengths)
+        return self._stats
+
     def reset(self, seed: int | None = None) -> None:
-        self._obs, _ = self.env.reset(seed=seed if seed is not None else self._seed)
-        self._seed = None
+        """Reset the env (with ``seed``, or the collector's seed the first time)."""
+        seed, self._seed = (seed if seed is not None else self._seed), None
+        if self.batched is not None:
+            self.batched.reset(seed)
+            self._obs = self.batched.obs
+            return
+        self._obs, _ = self.env.reset(seed=seed)
         self._ret[:] = 0
         self._len[:] = 0
         self._after_done[:] = False
 
     @torch.no_grad()
-    def act(self, obs: np.ndarray) -> np.ndarray:
-        """One forward pass for all envs; the actions are on the host and safe to read."""
+    def act(self, obs: Any) -> Any:
+        """One forward pass for all envs. Host envs: the actions are a host array, safe to
+        read. Batched envs: a tensor on the env's device, queued on the stream."""
+        if self.batched is not None:
+            return self.batched.act(self.policy, obs)
         obs_t = self.to_device({"obs": torch.from_numpy(np.asarray(obs))})["obs"]
         actions = self.policy(obs_t)
         if is_cuda(actions.device):
@@ -125,6 +161,11 @@ class Collector:
         if self._obs is None:
             self.reset()
         T, N = self.steps_per_batch, self.num_envs
+        if self.batched is not None:
+            batch = self.batched.collect(self.policy, T)
+            self._obs = self.batched.obs
+            self.frames += T * N
+            return batch
         rows: dict[str, list[np.ndarray]] = {
             k: [] for k in ("obs", "action", "reward", "terminated", "truncated")
         }
@@ -159,9 +200,9 @@ class Collector:
         self._len += live
         done = (np.asarray(term) | np.asarray(trunc)) & live
         for i in np.flatnonzero(done):
-            self.stats.returns.append(float(self._ret[i]))
-            self.stats.lengths.append(int(self._len[i]))
-            self.stats.count += 1
+            self._stats.returns.append(float(self._ret[i]))
+            self._stats.lengths.append(int(self._len[i]))
+            self._stats.count += 1
         self._ret[done] = 0
         self._len[done] = 0
         self._after_done = done if not self.same_step else np.zeros_like(done)
@@ -212,9 +253,9 @@ def _run_episodes(c: Collector, episodes: int, seed: int | None) -> tuple[list[f
     while (count < target).any():
         obs, reward, term, trunc, _ = c.env.step(c.act(obs))
         live = (count < target) & ~after_done
-        ret += np.where(live, reward, 0.0)
+        ret += np.where(live, host(reward), 0.0)  # batched envs: a blocking copy (I4)
         length += live
-        done = (np.asarray(term) | np.asarray(trunc)) & live
+        done = (host(term) | host(trunc)) & live
         for i in np.flatnonzero(done):
             returns.append(float(ret[i]))
             lengths.append(int(length[i]))
@@ -222,6 +263,18 @@ def _run_episodes(c: Collector, episodes: int, seed: int | None) -> tuple[list[f
             count[i] += 1
         after_done = done if not c.same_step else np.zeros(n, bool)
     return returns, lengths
+
+
+def _check_same_device(device: Any, on: torch.device) -> None:
+    """A batched env fixes the collector's device: ``device`` may only repeat it."""
+    if device is None:
+        return
+    asked = torch.device(device) if not isinstance(device, torch.device) else device
+    if asked.type != on.type or (asked.index is not None and asked.index != on.index):
+        raise ValueError(
+            f"device: the env steps on {on} and the policy must run there (batches stay on the "
+            f"env's device), got device={str(device)!r}; pass device=None or {str(on)!r}"
+        )
 
 
 def _autoreset_mode(env: Any) -> str:

@@ -100,3 +100,395 @@ def test_bad_policy():
     with pytest.raises(TypeError, match="policy"):
         Collector(env, "greedy", frames_per_batch=2)  # type: ignore[arg-type]
     env.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Batched torch envs (rlstash/CartPole-v1 and fakes): tensors stay on the env's device
+# ---------------------------------------------------------------------------------------
+
+from rlstash.collect import batched as batched_mod  # noqa: E402
+from rlstash.envs.batched.cartpole import CartPoleVectorEnv  # noqa: E402
+from rlstash.spec import Field  # noqa: E402
+from rlstash.storage.stream import ReadSpec, StreamStorage  # noqa: E402
+
+
+def balance(obs: torch.Tensor) -> torch.Tensor:
+    return (obs[:, 2] + 0.3 * obs[:, 3] > 0).long()
+
+
+def manual_rollout(mode, n, steps, seed):
+    """The same env driven by hand: what the collector's batch must hold."""
+    env = CartPoleVectorEnv(num_envs=n, autoreset_mode=mode)
+    gen = torch.Generator().manual_seed(1)
+    obs, _ = env.reset(seed=seed)
+    rows = {k: [] for k in ("obs", "action", "reward", "terminated", "truncated", "final_obs")}
+    for _ in range(steps):
+        act = torch.where(torch.rand(n, generator=gen) < 0.5, balance(obs), 1 - balance(obs))
+        nxt, r, te, tr, info = env.step(act)
+        for k, v in zip(
+            ("obs", "action", "reward", "terminated", "truncated"), (obs, act, r, te, tr)
+        ):
+            rows[k].append(v)
+        if "final_obs" in info:
+            rows["final_obs"].append(torch.where(info["_final_obs"][:, None], info["final_obs"], 0))
+        obs = nxt
+    return {k: torch.stack(v) for k, v in rows.items() if v}
+
+
+def noisy_balance(n):
+    gen = torch.Generator().manual_seed(1)
+
+    def policy(obs):
+        return torch.where(torch.rand(n, generator=gen) < 0.5, balance(obs), 1 - balance(obs))
+
+    return policy
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_batched_env_batches_equal_a_manual_rollout(mode):
+    """Under the CUDA tripwire (CPU path): the batch is exactly the env's own trajectory, and
+    the episode statistics are those of a manual count."""
+    n, T = 16, 40
+    env = CartPoleVectorEnv(num_envs=n, autoreset_mode=mode)
+    c = Collector(env, noisy_balance(n), frames_per_batch=n * T, seed=3)
+    assert c.batched is not None and c.device == torch.device("cpu")
+    got = [c.collect() for _ in range(3)]
+    want = manual_rollout(mode, n, 3 * T, seed=3)
+    for k, v in want.items():
+        assert torch.equal(torch.cat([g[k] for g in got]), v), k
+    assert ("final_obs" in got[0]) == (mode == AutoresetMode.SAME_STEP)
+    # episode statistics: the lengths of the episodes that ended in these steps
+    done = (want["terminated"] | want["truncated"]).numpy()
+    live = np.ones(n, bool)
+    length, lengths = np.zeros(n, int), []
+    for t in range(3 * T):
+        length += live
+        for i in np.flatnonzero(done[t] & live):
+            lengths.append(int(length[i]))
+            length[i] = 0
+        live = ~(done[t] & live) if mode == AutoresetMode.NEXT_STEP else np.ones(n, bool)
+    assert c.stats.count == len(lengths) > 5
+    assert list(c.stats.lengths) == lengths[-100:]
+    assert list(c.stats.returns) == [float(x) for x in lengths[-100:]]  # reward 1 per step
+    assert c.frames == 3 * n * T
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+@pytest.mark.parametrize(
+    "reads", [ReadSpec(n_step=1), ReadSpec(n_step=3, gamma=0.9, frame_stack=2)]
+)
+def test_stream_storage_takes_batched_batches_as_they_are(mode, reads):
+    """Batches from the device go into a StreamStorage on the same device unchanged, and the
+    transitions it rebuilds (n-step returns, frame stacks) equal a naive rebuild."""
+    n, T = 8, 30
+    amode = AutoresetMode.NEXT_STEP if mode == "next_step" else AutoresetMode.SAME_STEP
+    env = CartPoleVectorEnv(num_envs=n, autoreset_mode=amode)
+    c = Collector(env, noisy_balance(n), frames_per_batch=n * T, seed=0)
+    spec = {"obs": Field((4,), torch.float32), "action": Field((), torch.int64)}
+    store = StreamStorage(spec, n, capacity=n * 200, autoreset=mode, reads=reads)
+    batches = [c.collect() for _ in range(2)]
+    for b in batches:
+        store.extend(b)
+    starts = np.flatnonzero(store.valid)
+    got = store.read(starts)
+    ref = naive_transitions(batches, mode, reads)
+    assert len(starts) == len(ref) > 50
+    lane = store.lane_capacity
+    for j, s in enumerate(starts):
+        e, slot = divmod(int(s), lane)
+        want = ref[(e, slot)]
+        for k in ("obs", "next_obs", "action", "reward", "terminated", "truncated", "discount"):
+            torch.testing.assert_close(got[k][j], want[k], msg=k)
+
+
+def naive_transitions(batches, mode, reads):
+    """(env, slot) -> transition, from the time-major batches with plain Python loops."""
+    obs = torch.cat([b["obs"] for b in batches])
+    T, n = obs.shape[:2]
+    cat = {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
+    out = {}
+    for e in range(n):
+        slots = []  # per slot: obs, then step fields or None for a final-obs slot
+        skip = False
+        for t in range(T):
+            if skip:  # next-step: this row's obs is the previous episode's final obs
+                slots.append((cat["obs"][t, e], None))
+                skip = False
+                continue
+            d = bool(cat["terminated"][t, e] | cat["truncated"][t, e])
+            slots.append((cat["obs"][t, e], t))
+            if d and mode == "same_step":
+                slots.append((cat["final_obs"][t, e], None))
+            skip = d and mode == "next_step"
+        for i, (o, t) in enumerate(slots):
+            if t is None:
+                continue
+            m, ret, end_t = 0, 0.0, t
+            while m < reads.n_step and i + m < len(slots):
+                tt = slots[i + m][1]
+                if tt is None:
+                    break
+                ret += reads.gamma**m * float(cat["reward"][tt, e])
+                end_t = tt
+                m += 1
+                if bool(cat["terminated"][tt, e] | cat["truncated"][tt, e]):
+                    break
+            if i + m >= len(slots):
+                continue  # bootstrap slot not written yet: not a valid start
+            k = reads.frame_stack
+
+            def stack(idx):
+                # an episode's slots end with its final-obs slot (no step); frames before
+                # its first slot repeat the first
+                first = max([j + 1 for j in range(idx) if slots[j][1] is None], default=0)
+                fr = [slots[max(idx - b, first)][0] for b in range(k - 1, -1, -1)]
+                return torch.stack(fr) if k > 1 else fr[0]
+
+            out[(e, i)] = {
+                "obs": stack(i),
+                "next_obs": stack(i + m),
+                "action": cat["action"][t, e],
+                "reward": torch.tensor(ret, dtype=torch.float32),
+                "terminated": cat["terminated"][end_t, e],
+                "truncated": cat["truncated"][end_t, e],
+                "discount": torch.tensor(reads.gamma**m, dtype=torch.float32),
+            }
+    return out
+
+
+class FakeStream:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def wait_stream(self, other):
+        self.log.append(f"{self.name}.wait_stream({other.name})")
+
+    def wait_event(self, event):
+        self.log.append(f"{self.name}.wait_event")
+
+
+class FakeEvent:
+    def __init__(self, log):
+        self.log = log
+
+    def record(self, stream):
+        self.log.append(f"event.record({stream.name})")
+
+    def synchronize(self):
+        self.log.append("event.synchronize")
+
+
+class Pinned(torch.Tensor):
+    """A host buffer that logs the copy into it and the host's reads of it."""
+
+    log: list = []
+
+    def copy_(self, src, non_blocking=False):
+        Pinned.log.append(f"d2h(non_blocking={non_blocking})")
+        return super().copy_(src)
+
+    def numpy(self, *args, **kwargs):
+        Pinned.log.append("host read")
+        return torch.Tensor.numpy(self.as_subclass(torch.Tensor), *args, **kwargs)
+
+
+class FakeCuda:
+    """Stands in for rlstash.device.CudaOps: logs every stream/event/pinned operation."""
+
+    def __init__(self, log):
+        self.log = log
+        self.stream = FakeStream("caller", log)
+        self.active = "caller"
+
+    def current_stream(self, device):
+        return self.stream if self.active == "caller" else self.side
+
+    def new_stream(self, device):
+        self.log.append("new_stream")
+        self.side = FakeStream("side", self.log)
+        return self.side
+
+    def use_stream(self, stream):
+        import contextlib
+
+        @contextlib.contextmanager
+        def ctx():
+            self.active, before = stream.name, self.active
+            self.log.append(f"use_stream({stream.name})")
+            yield
+            self.active = before
+
+        return ctx()
+
+    def new_event(self):
+        return FakeEvent(self.log)
+
+    def empty_pinned(self, shape, dtype):
+        self.log.append("empty_pinned")
+        return torch.empty(shape, dtype=dtype).as_subclass(Pinned)
+
+    def record_stream(self, t, stream):
+        self.log.append(f"record_stream({stream.name})")
+
+
+class LoggedEnv:
+    """A batched env that logs its steps (delegates to rlstash/CartPole-v1)."""
+
+    def __init__(self, log, n=4):
+        self.inner = CartPoleVectorEnv(num_envs=n)
+        self.log, self.num_envs, self.device = log, n, self.inner.device
+        self.metadata = self.inner.metadata
+
+    def reset(self, seed=None):
+        return self.inner.reset(seed=seed)
+
+    def step(self, actions):
+        self.log.append("env.step")
+        return self.inner.step(actions)
+
+
+def logged_policy(log, cuda):
+    def policy(obs):
+        log.append(f"policy on {cuda.active}")
+        return torch.zeros(obs.shape[0], dtype=torch.int64)
+
+    return policy
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """The CUDA path, with CUDA replaced by fakes; the tripwire stays on, so any real
+    torch.cuda call (synchronize, streams, events, pinning) fails the test."""
+    log: list = []
+    cuda = FakeCuda(log)
+    Pinned.log = log
+    monkeypatch.setattr(batched_mod, "cuda_ops_for", lambda device: cuda)
+    return log, cuda
+
+
+def test_cuda_path_stays_on_the_callers_stream_and_reads_the_host_after_the_event(fake_cuda):
+    log, cuda = fake_cuda
+    c = Collector(LoggedEnv(log), logged_policy(log, cuda), frames_per_batch=4 * 30, seed=0)
+    c.collect()
+    assert "new_stream" not in log and not any(e.startswith("use_stream") for e in log)
+    assert all(e == "policy on caller" for e in log if e.startswith("policy"))
+    assert "event.synchronize" not in log and "host read" not in log  # nothing read yet
+    tail = log[log.index("empty_pinned") :]
+    assert tail == ["empty_pinned", "d2h(non_blocking=True)"] * 3 + ["event.record(caller)"]
+    log.clear()
+    assert c.stats.count > 0  # always-left CartPole ends episodes within 30 steps
+    assert log[0] == "event.synchronize" and log.count("host read") == 3
+    log.clear()
+    c.stats  # noqa: B018 - nothing pending: no second wait
+    assert log == []
+
+
+def test_dedicated_stream_orders_policy_before_the_env_step(fake_cuda):
+    log, cuda = fake_cuda
+    c = Collector(
+        LoggedEnv(log),
+        logged_policy(log, cuda),
+        frames_per_batch=4 * 2,
+        cuda_stream="dedicated",
+        seed=0,
+    )
+    c.collect()
+    step = log[log.index("new_stream") + 1 :]
+    first = step[: step.index("env.step") + 1]
+    assert first == [
+        "side.wait_stream(caller)",  # the policy sees the env's observations
+        "use_stream(side)",
+        "policy on side",
+        "caller.wait_stream(side)",  # the env steps only after the actions exist
+        "record_stream(side)",
+        "record_stream(caller)",
+        "env.step",
+    ]
+    assert log.count("new_stream") == 1
+
+
+def test_policy_must_return_actions_on_the_env_device():
+    env = CartPoleVectorEnv(num_envs=4)
+    c = Collector(env, lambda obs: np.zeros(4, np.int64), frames_per_batch=4)
+    with pytest.raises(ValueError, match="policy: expected actions as a tensor on cpu"):
+        c.collect()
+    meta = Collector(env, lambda o: torch.zeros(4, dtype=torch.int64, device="meta"), 4)
+    with pytest.raises(ValueError, match="got meta"):
+        meta.collect()
+
+
+def test_collector_device_must_be_the_env_device():
+    env = CartPoleVectorEnv(num_envs=4)
+    with pytest.raises(ValueError, match="the env steps on cpu"):
+        Collector(env, balance, frames_per_batch=4, device="meta")
+    assert Collector(env, balance, frames_per_batch=4, device="cpu").device.type == "cpu"
+
+
+class NumpyObsEnv(LoggedEnv):
+    def reset(self, seed=None):
+        obs, info = self.inner.reset(seed=seed)
+        return obs.numpy(), info
+
+
+class NoFinalObsEnv(LoggedEnv):
+    """Same-step autoreset without reporting the final observation (as Isaac Lab does)."""
+
+    def __init__(self, log):
+        super().__init__(log)
+        self.inner = CartPoleVectorEnv(num_envs=4, autoreset_mode=AutoresetMode.SAME_STEP)
+        self.metadata = {}  # says nothing: GPU simulators reset in the same step
+
+    def step(self, actions):
+        obs, r, te, tr, info = self.inner.step(actions)
+        return obs, r, te, tr, {}
+
+
+def test_batched_env_must_return_tensors_on_its_device():
+    with pytest.raises(TypeError, match="observations: a batched env on cpu must return torch"):
+        Collector(NumpyObsEnv([]), balance, frames_per_batch=4).collect()
+
+
+def test_same_step_env_without_final_obs_is_refused_when_an_episode_ends():
+    c = Collector(NoFinalObsEnv([]), zeros_policy, frames_per_batch=4 * 3, seed=0)
+    assert c.same_step
+    c.collect()  # no episode ended yet: nothing is lost
+    with pytest.raises(ValueError, match="no 'final_obs'"):
+        for _ in range(10):
+            c.collect()
+
+
+def test_rollout_on_a_batched_env():
+    env = CartPoleVectorEnv(num_envs=3)
+    c = Collector(env, zeros_policy, frames_per_batch=3, seed=0)
+    out = c.rollout(episodes=5, seed=1)
+    assert out["returns"].shape == (5,)
+    np.testing.assert_array_equal(out["returns"], out["lengths"])
+    assert (out["lengths"] > 5).all() and (out["lengths"] < 30).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.allow_cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_batched_collection_on_a_side_stream_without_synchronize(monkeypatch):
+    """Real CUDA: batches stay on the GPU, work runs on the caller's (non-default) stream,
+    torch.cuda.synchronize is never called, and the logged statistics are right."""
+
+    def no_sync(*args, **kwargs):
+        raise AssertionError("torch.cuda.synchronize was called")
+
+    n, T = 1024, 64
+    env = CartPoleVectorEnv(num_envs=n, device="cuda")
+    c = Collector(env, lambda o: (o[:, 2] > 0).long(), frames_per_batch=n * T, seed=0)
+    mine = torch.cuda.Stream()
+    monkeypatch.setattr(torch.cuda, "synchronize", no_sync)
+    with torch.cuda.stream(mine):
+        batch = c.collect()
+        batch2 = c.collect()
+    assert all(v.device.type == "cuda" for v in batch.values())
+    mine.synchronize()
+    done = (batch["terminated"] | batch["truncated"]) | (batch2["terminated"] | batch2["truncated"])
+    assert c.stats.count == int(done.sum().item())
+    ref = CartPoleVectorEnv(num_envs=n)  # the CPU env from the same seeds: same episodes
+    cpu = Collector(ref, lambda o: (o[:, 2] > 0).long(), frames_per_batch=n * T, seed=0)
+    b_cpu = cpu.collect()
+    torch.testing.assert_close(batch["obs"][:10].cpu(), b_cpu["obs"][:10], atol=1e-4, rtol=0)

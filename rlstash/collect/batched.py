@@ -1,0 +1,247 @@
+"""The :class:`~rlstash.collect.sync.Collector`'s path for batched torch envs.
+
+A batched env is a gymnasium ``VectorEnv`` whose ``reset``/``step`` take and return torch
+tensors on one device (ManiSkill3's ``ManiSkillVectorEnv``, Isaac Lab's envs, rlstash's
+``rlstash/CartPole-v1``). It is recognised by its ``device`` attribute. Then:
+
+* observations go straight to the policy and actions straight back to the env, on the env's
+  device; batches ``[T, N, ...]`` are assembled there (nothing passes through the host);
+* all work is queued on the caller's current CUDA stream: no ``torch.cuda.synchronize``,
+  no side stream, unless ``cuda_stream="dedicated"`` (the policy then runs on a side stream
+  that waits for the caller's and that the caller's waits for before the env steps);
+* the only device-to-host copies are the episode returns and lengths that are logged: once
+  per batch into pinned memory with ``non_blocking=True``, an event recorded behind the
+  copy, and the event waited on before the host reads them (invariant I4);
+* autoreset is the env's: ``metadata["autoreset_mode"]``, or same-step when the env does
+  not say (GPU simulators reset ended envs inside ``step``). In same-step mode the final
+  observations come from ``info["final_obs"]`` (gymnasium >= 1.0, rlstash envs) or
+  ``info["final_observation"]`` (ManiSkill3), a tensor ``[N, ...]`` read where the mask
+  ``info["_final_obs"]`` (or the step's done flags) is set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlstash.device import CudaOps
+from rlstash.spec import Batch
+
+FINAL_KEYS = (("final_obs", "_final_obs"), ("final_observation", "_final_observation"))
+
+
+def env_device(env: Any) -> torch.device | None:
+    """The device of a batched torch env (its ``device`` attribute), or None."""
+    dev = getattr(env, "device", None)
+    if dev is None or isinstance(dev, bool):
+        return None
+    try:
+        return torch.device(dev)
+    except (TypeError, RuntimeError, ValueError):
+        return None
+
+
+def cuda_ops_for(device: torch.device) -> CudaOps | None:
+    """The CUDA operations the path needs (None off CUDA; tests substitute fakes)."""
+    return CudaOps() if device.type == "cuda" else None
+
+
+def autoreset_mode(env: Any) -> str:
+    """``"NextStep"``, ``"SameStep"`` or ``"Disabled"``: the env's metadata, else SameStep."""
+    mode = (getattr(env, "metadata", None) or {}).get("autoreset_mode", "SameStep")
+    return getattr(mode, "value", str(mode))
+
+
+def host(x: Any) -> np.ndarray:
+    """A host copy (blocking, so complete when it returns) of a tensor or array."""
+    if isinstance(x, torch.Tensor):
+        return (x if x.device.type == "cpu" else x.to("cpu")).numpy()
+    return np.asarray(x)
+
+
+class EpisodeLog:
+    """Running returns and lengths on the device; the finished ones reach the host once per
+    batch (``flush``) and are read after the copy's event completed (``drain``)."""
+
+    def __init__(self, num_envs: int, device: torch.device, cuda: CudaOps | None) -> None:
+        self.device, self.cuda = device, cuda
+        self.ret = torch.zeros(num_envs, dtype=torch.float64, device=device)
+        self.len = torch.zeros(num_envs, dtype=torch.int64, device=device)
+        self.after_done = torch.zeros(num_envs, dtype=torch.bool, device=device)
+        self.rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.pending: list[tuple[Any, dict[str, torch.Tensor]]] = []
+
+    def reset(self) -> None:
+        self.ret.zero_()
+        self.len.zero_()
+        self.after_done.zero_()
+        self.rows.clear()
+
+    def step(self, reward: torch.Tensor, done: torch.Tensor, next_step: bool) -> None:
+        live = ~self.after_done  # next-step mode: a reset step belongs to no episode
+        self.ret += reward * live
+        self.len += live
+        ended = done & live
+        self.rows.append((ended, self.ret.clone(), self.len.clone()))
+        self.ret *= ~ended
+        self.len *= ~ended
+        self.after_done = ended if next_step else torch.zeros_like(ended)
+
+    def flush(self) -> None:
+        """Queue the copy of this batch's finished episodes to the host."""
+        if not self.rows:
+            return
+        dev = {k: torch.stack(v) for k, v in zip(("done", "ret", "len"), zip(*self.rows))}
+        self.rows.clear()
+        if self.cuda is None:
+            self.pending.append((None, {k: v.to("cpu") for k, v in dev.items()}))
+            return
+        out = {}
+        for k, v in dev.items():
+            out[k] = self.cuda.empty_pinned(v.shape, v.dtype)
+            out[k].copy_(v, non_blocking=True)  # async D2H on the caller's stream ...
+        event = self.cuda.new_event()
+        event.record(self.cuda.current_stream(self.device))
+        self.pending.append((event, out))  # ... read only after the event (drain)
+
+    def drain(self, returns: Any, lengths: Any) -> int:
+        """Append finished episodes (in step order) to ``returns``/``lengths``; their count."""
+        count = 0
+        for event, got in self.pending:
+            if event is not None:
+                event.synchronize()  # the copy has landed: now the host may read it (I4)
+            t, i = np.nonzero(got["done"].numpy())
+            returns.extend(got["ret"].numpy()[t, i].tolist())
+            lengths.extend(got["len"].numpy()[t, i].tolist())
+            count += t.size
+        self.pending.clear()
+        return count
+
+
+class BatchedPath:
+    """Steps a batched env with a policy on the env's device (see the module docstring)."""
+
+    def __init__(self, env: Any, device: torch.device, cuda_stream: str) -> None:
+        self.env, self.device = env, device
+        self.num_envs = int(env.num_envs)
+        self.cuda = cuda_ops_for(device)
+        self.dedicated = cuda_stream == "dedicated" and self.cuda is not None
+        self._side: Any = None
+        mode = autoreset_mode(env)
+        if mode not in ("NextStep", "SameStep"):
+            raise ValueError(
+                f"env: autoreset_mode {mode!r} is not supported by the Collector; make the env "
+                "with autoreset_mode NextStep or SameStep"
+            )
+        self.same_step = mode == "SameStep"
+        self.log = EpisodeLog(self.num_envs, device, self.cuda)
+        self.obs: torch.Tensor | None = None
+
+    def reset(self, seed: int | None) -> None:
+        obs, _ = self.env.reset(seed=seed)
+        self.obs = self._check("observations", obs)
+        self.log.reset()
+
+    def _check(self, name: str, t: Any) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor) or t.device != self.device:
+            where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(
+                f"{name}: a batched env on {self.device} must return torch tensors on "
+                f"{self.device}, got {where}; wrap the env so that it does, or give it no "
+                "'device' attribute to use the host path"
+            )
+        return t
+
+    @torch.no_grad()
+    def act(self, policy: Any, obs: torch.Tensor) -> torch.Tensor:
+        """``policy(obs)`` on the env's device, queued behind ``obs`` on the stream."""
+        if not self.dedicated:
+            return self._checked_policy(policy, obs)
+        cuda = self.cuda
+        assert cuda is not None
+        caller = cuda.current_stream(self.device)
+        if self._side is None:
+            self._side = cuda.new_stream(self.device)
+        self._side.wait_stream(caller)  # the policy sees the env's latest observations
+        with cuda.use_stream(self._side):
+            actions = self._checked_policy(policy, obs)
+        caller.wait_stream(self._side)  # the env steps only after the actions exist
+        cuda.record_stream(obs, self._side)
+        cuda.record_stream(actions, caller)
+        return actions
+
+    def _checked_policy(self, policy: Any, obs: torch.Tensor) -> torch.Tensor:
+        actions = policy(obs)
+        if not isinstance(actions, torch.Tensor) or actions.device != self.device:
+            where = actions.device if isinstance(actions, torch.Tensor) else type(actions)
+            raise ValueError(
+                f"policy: expected actions as a tensor on {self.device} (the env's device), "
+                f"got {where}; put the policy on {self.device}"
+            )
+        return actions
+
+    def collect(self, policy: Any, steps: int) -> Batch:
+        """``steps`` env steps; returns the ``[T, N, ...]`` batch on the env's device."""
+        if self.obs is None:
+            raise RuntimeError("collect: reset() first")
+        obs, out = self.obs, None
+        for t in range(steps):
+            actions = self.act(policy, obs)
+            if out is None:
+                out = self._allocate(steps, obs, actions)
+            out["obs"][t].copy_(obs)  # before the step: an env may reuse its buffers
+            out["action"][t].copy_(actions)
+            next_obs, reward, term, trunc, info = self.env.step(actions)
+            if t == 0:
+                for name, value in (("reward", reward), ("terminated", term), ("truncated", trunc)):
+                    self._check(name, value)
+            out["reward"][t].copy_(reward)
+            out["terminated"][t].copy_(term)
+            out["truncated"][t].copy_(trunc)
+            done = out["terminated"][t] | out["truncated"][t]
+            if self.same_step:
+                self._final_obs(out, t, info, done)
+            self.log.step(out["reward"][t], done, not self.same_step)
+            obs = self._check("observations", next_obs)
+        self.obs = obs
+        self.log.flush()
+        assert out is not None
+        if "final_missing" in out:
+            _refuse_missing_final(out.pop("final_missing"))
+        return out
+
+    def _allocate(self, T: int, obs: torch.Tensor, actions: torch.Tensor) -> Batch:
+        dev, n = self.device, self.num_envs
+        out = {
+            "obs": torch.empty((T, *obs.shape), dtype=obs.dtype, device=dev),
+            "action": torch.empty((T, *actions.shape), dtype=actions.dtype, device=dev),
+            "reward": torch.empty((T, n), dtype=torch.float32, device=dev),
+            "terminated": torch.empty((T, n), dtype=torch.bool, device=dev),
+            "truncated": torch.empty((T, n), dtype=torch.bool, device=dev),
+        }
+        if self.same_step:
+            out["final_obs"] = torch.zeros((T, *obs.shape), dtype=obs.dtype, device=dev)
+        return out
+
+    def _final_obs(self, out: Batch, t: int, info: dict, done: torch.Tensor) -> None:
+        for key, mask_key in FINAL_KEYS:
+            if key in info:
+                final = self._check(f"info[{key!r}]", info[key])
+                mask = info.get(mask_key, done)
+                mask = mask.view(-1, *([1] * (final.dim() - 1)))
+                out["final_obs"][t] = torch.where(mask, final, 0)
+                return
+        # no final observation given: fine if no episode ended; checked once per batch
+        missing = out.get("final_missing")
+        out["final_missing"] = done.any() if missing is None else missing | done.any()
+
+
+def _refuse_missing_final(missing: torch.Tensor) -> None:
+    if bool(missing):  # one blocking read per batch, only for envs that omit the key
+        raise ValueError(
+            "env: an episode ended in same-step autoreset mode but info has no 'final_obs' "
+            "(or 'final_observation') tensor, so its last observation is lost; make the env "
+            "report it, or use next-step autoreset (metadata['autoreset_mode'])"
+        )
