@@ -1,6 +1,6 @@
 """Collector: the policy runs in this process, one forward pass for all envs per step.
 
-Two paths, chosen by the env: a host env (an EnvPool, gymnasium's numpy vector envs) and a
+Two paths, chosen by the env: a host env (a ProcessPoolVectorEnv, gymnasium's numpy vector envs) and a
 batched torch env with a ``device`` attribute (GPU simulators, ``rlstash/CartPole-v1``),
 whose tensors stay on that device (:mod:`rlstash.collect.batched`).
 

@@ -1,4 +1,5 @@
-"""Collector on gymnasium's SyncVectorEnv (the ProcessPoolVectorEnv has its own tests)."""
+"""Collector on gymnasium's SyncVectorEnv (the ProcessPoolVectorEnv has its own tests) and on
+batched torch envs (rlstash/CartPole-v1 and fakes of the CUDA path)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from rlstash.collect import Collector
+from rlstash.collect import batched as batched_mod
+from rlstash.envs.batched.cartpole import CartPoleVectorEnv
+from rlstash.spec import Field
+from rlstash.storage.stream import ReadSpec, StreamStorage
 
 
 def make_env(mode=AutoresetMode.NEXT_STEP, n=4):
@@ -106,11 +111,6 @@ def test_bad_policy():
 # Batched torch envs (rlstash/CartPole-v1 and fakes): tensors stay on the env's device
 # ---------------------------------------------------------------------------------------
 
-from rlstash.collect import batched as batched_mod  # noqa: E402
-from rlstash.envs.batched.cartpole import CartPoleVectorEnv  # noqa: E402
-from rlstash.spec import Field  # noqa: E402
-from rlstash.storage.stream import ReadSpec, StreamStorage  # noqa: E402
-
 
 def balance(obs: torch.Tensor) -> torch.Tensor:
     return (obs[:, 2] + 0.3 * obs[:, 3] > 0).long()
@@ -201,6 +201,14 @@ def test_stream_storage_takes_batched_batches_as_they_are(mode, reads):
             torch.testing.assert_close(got[k][j], want[k], msg=k)
 
 
+def _stack(slots, idx, k):
+    """Frames of slot ``idx``: an episode's slots end with its final-obs slot (no step);
+    frames before its first slot repeat the first."""
+    first = max([j + 1 for j in range(idx) if slots[j][1] is None], default=0)
+    fr = [slots[max(idx - b, first)][0] for b in range(k - 1, -1, -1)]
+    return torch.stack(fr) if k > 1 else fr[0]
+
+
 def naive_transitions(batches, mode, reads):
     """(env, slot) -> transition, from the time-major batches with plain Python loops."""
     obs = torch.cat([b["obs"] for b in batches])
@@ -220,7 +228,7 @@ def naive_transitions(batches, mode, reads):
             if d and mode == "same_step":
                 slots.append((cat["final_obs"][t, e], None))
             skip = d and mode == "next_step"
-        for i, (o, t) in enumerate(slots):
+        for i, (_, t) in enumerate(slots):
             if t is None:
                 continue
             m, ret, end_t = 0, 0.0, t
@@ -237,16 +245,9 @@ def naive_transitions(batches, mode, reads):
                 continue  # bootstrap slot not written yet: not a valid start
             k = reads.frame_stack
 
-            def stack(idx):
-                # an episode's slots end with its final-obs slot (no step); frames before
-                # its first slot repeat the first
-                first = max([j + 1 for j in range(idx) if slots[j][1] is None], default=0)
-                fr = [slots[max(idx - b, first)][0] for b in range(k - 1, -1, -1)]
-                return torch.stack(fr) if k > 1 else fr[0]
-
             out[(e, i)] = {
-                "obs": stack(i),
-                "next_obs": stack(i + m),
+                "obs": _stack(slots, i, k),
+                "next_obs": _stack(slots, i + m, k),
                 "action": cat["action"][t, e],
                 "reward": torch.tensor(ret, dtype=torch.float32),
                 "terminated": cat["terminated"][end_t, e],
