@@ -61,45 +61,134 @@ def host(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
+class _Numpy:
+    """Array operations of :func:`episode_ends` on the CPU (numpy over the tensors' memory:
+    several times cheaper per operation than torch there)."""
+
+    where, cat = staticmethod(np.where), staticmethod(np.concatenate)
+
+    @staticmethod
+    def cumsum(x: Any, dtype: Any) -> Any:
+        return _accumulate(np.add, np.asarray(x, dtype=dtype))
+
+    @staticmethod
+    def cummax(x: Any) -> Any:
+        return _accumulate(np.maximum, np.array(x))
+
+    @staticmethod
+    def take(x: Any, i: Any) -> Any:
+        return np.take_along_axis(x, i, 0)
+
+    @staticmethod
+    def steps(x: Any) -> Any:
+        return np.arange(x.shape[0])[:, None]
+
+
+def _accumulate(op: Any, out: Any) -> Any:
+    """``op.accumulate(out, 0)`` in place. Along axis 0 of a wide [T, N] array numpy's
+    accumulate runs element by element; T row operations over N contiguous values are
+    ~30x faster when N is large."""
+    if out.shape[0] > 4 * out.shape[1]:
+        return op.accumulate(out, 0, out=out)
+    for t in range(1, out.shape[0]):
+        op(out[t - 1], out[t], out=out[t])
+    return out
+
+
+class _Torch:
+    """The same on an accelerator: torch kernels on the device, nothing on the host."""
+
+    where, cat = staticmethod(torch.where), staticmethod(torch.cat)
+
+    @staticmethod
+    def cumsum(x: Any, dtype: Any) -> Any:
+        return torch.cumsum(x, 0, dtype=dtype)
+
+    @staticmethod
+    def cummax(x: Any) -> Any:
+        return torch.cummax(x, 0).values
+
+    @staticmethod
+    def take(x: Any, i: Any) -> Any:
+        return x.gather(0, i)
+
+    @staticmethod
+    def steps(x: Any) -> Any:
+        return torch.arange(x.shape[0], device=x.device)[:, None]
+
+
+def episode_ends(xp: Any, reward: Any, done: Any, live: Any, carry: tuple) -> tuple:
+    """Returns and lengths where episodes end in a batch ``[T, N]``, and the new carry.
+
+    ``live`` marks steps that belong to an episode (next-step mode: not the reset step after
+    an end); ``carry`` = (return, length) ``[N]`` of the open episodes. With the running sums
+    ``c[t] = carry + sum_{s <= t} live[s] r[s]`` and ``p(t)`` the env's previous end before
+    ``t``: the return of an episode ending at ``t`` is ``c[t] - c[p(t)]`` (``c[-1] = 0``); the
+    new carry is ``c[T - 1] - c[last end]``. A few whole-batch operations, whatever ``T``."""
+    c_ret = xp.cumsum(reward * live, dtype=carry[0].dtype) + carry[0]  # [T, N]
+    c_len = xp.cumsum(live, dtype=carry[1].dtype) + carry[1]  # [T, N]
+    last = xp.cummax(xp.where(done, xp.steps(done), -1))  # [T, N] the env's last end <= t
+    prev = xp.cat([last[:1] * 0 - 1, last[:-1]])  # [T, N] its previous end < t
+    at, has = prev * (prev >= 0), prev >= 0
+    ret = c_ret - xp.where(has, xp.take(c_ret, at), 0)
+    length = c_len - xp.where(has, xp.take(c_len, at), 0)
+    end, ended = last[-1:] * (last[-1:] >= 0), last[-1] >= 0
+    carry = (
+        c_ret[-1] - xp.where(ended, xp.take(c_ret, end)[0], 0),
+        c_len[-1] - xp.where(ended, xp.take(c_len, end)[0], 0),
+    )
+    return ret, length, carry
+
+
 class EpisodeLog:
-    """Running returns and lengths on the device; the finished ones reach the host once per
-    batch (``flush``) and are read after the copy's event completed (``drain``)."""
+    """Returns and lengths of finished episodes, computed on the env's device once per batch
+    (:func:`episode_ends`); on CUDA they reach the host by one asynchronous copy per batch
+    that is read only after its event completed (``flush``, ``drain``)."""
 
     def __init__(self, num_envs: int, device: torch.device, cuda: CudaOps | None) -> None:
         self.device, self.cuda = device, cuda
-        self.ret = torch.zeros(num_envs, dtype=torch.float64, device=device)
-        self.len = torch.zeros(num_envs, dtype=torch.int64, device=device)
+        self.xp = _Numpy if device.type == "cpu" and cuda is None else _Torch
+        z = torch.zeros(num_envs, dtype=torch.float64, device=device)
+        self.carry: tuple = (z, z.to(torch.int64))
         self.after_done = torch.zeros(num_envs, dtype=torch.bool, device=device)
-        self.rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self.pending: list[tuple[Any, dict[str, torch.Tensor]]] = []
+        if self.xp is _Numpy:
+            self.carry = tuple(c.numpy() for c in self.carry)
+            self.after_done = self.after_done.numpy()
+        self.rows: list[tuple[Any, Any, Any]] = []
+        self.pending: list[tuple[Any, dict[str, Any]]] = []
 
     def reset(self) -> None:
-        self.ret.zero_()
-        self.len.zero_()
-        self.after_done.zero_()
+        for a in (*self.carry, self.after_done):
+            a[...] = 0
         self.rows.clear()
 
-    def step(self, reward: torch.Tensor, done: torch.Tensor, next_step: bool) -> None:
-        live = ~self.after_done  # next-step mode: a reset step belongs to no episode
-        self.ret += reward * live
-        self.len += live
-        ended = done & live
-        self.rows.append((ended, self.ret.clone(), self.len.clone()))
-        self.ret *= ~ended
-        self.len *= ~ended
-        self.after_done = ended if next_step else torch.zeros_like(ended)
+    def add(self, reward: torch.Tensor, done: torch.Tensor, next_step: bool) -> None:
+        """Record the episodes ended in a batch of rewards and end flags ``[T, N]``."""
+        if self.xp is _Numpy:
+            reward, done = reward.numpy(), done.numpy()
+        if next_step:  # the step after an end is a reset step: it belongs to no episode
+            live = ~self.xp.cat([self.after_done[None], done[:-1]])
+            self.after_done = done[-1].copy() if self.xp is _Numpy else done[-1].clone()
+        else:
+            live = done == done  # all True, in the right namespace
+        ret, length, self.carry = episode_ends(self.xp, reward, done, live, self.carry)
+        self.rows.append((done, ret, length))
 
     def flush(self) -> None:
-        """Queue the copy of this batch's finished episodes to the host."""
+        """Queue the host copy of the finished episodes (CPU: they are host arrays already)."""
         if not self.rows:
             return
-        dev = {k: torch.stack(v) for k, v in zip(("done", "ret", "len"), zip(*self.rows))}
+        names = ("done", "ret", "len")
+        got = {k: self.xp.cat(list(v)) for k, v in zip(names, zip(*self.rows))}
         self.rows.clear()
-        if self.cuda is None:
-            self.pending.append((None, {k: v.to("cpu") for k, v in dev.items()}))
+        if self.xp is _Numpy:
+            self.pending.append((None, got))
+            return
+        if self.cuda is None:  # another accelerator: a blocking copy, complete when it returns
+            self.pending.append((None, {k: v.to("cpu").numpy() for k, v in got.items()}))
             return
         out = {}
-        for k, v in dev.items():
+        for k, v in got.items():
             out[k] = self.cuda.empty_pinned(v.shape, v.dtype)
             out[k].copy_(v, non_blocking=True)  # async D2H on the caller's stream ...
         event = self.cuda.new_event()
@@ -112,9 +201,10 @@ class EpisodeLog:
         for event, got in self.pending:
             if event is not None:
                 event.synchronize()  # the copy has landed: now the host may read it (I4)
-            t, i = np.nonzero(got["done"].numpy())
-            returns.extend(got["ret"].numpy()[t, i].tolist())
-            lengths.extend(got["len"].numpy()[t, i].tolist())
+                got = {k: v.numpy() for k, v in got.items()}
+            t, i = np.nonzero(got["done"])
+            returns.extend(got["ret"][t, i].tolist())
+            lengths.extend(got["len"][t, i].tolist())
             count += t.size
         self.pending.clear()
         return count
@@ -200,14 +290,13 @@ class BatchedPath:
             out["reward"][t].copy_(reward)
             out["terminated"][t].copy_(term)
             out["truncated"][t].copy_(trunc)
-            done = out["terminated"][t] | out["truncated"][t]
             if self.same_step:
-                self._final_obs(out, t, info, done)
-            self.log.step(out["reward"][t], done, not self.same_step)
+                self._final_obs(out, t, info, out["terminated"][t] | out["truncated"][t])
             obs = self._check("observations", next_obs)
         self.obs = obs
-        self.log.flush()
         assert out is not None
+        self.log.add(out["reward"], out["terminated"] | out["truncated"], not self.same_step)
+        self.log.flush()
         if "final_missing" in out:
             _refuse_missing_final(out.pop("final_missing"))
         return out

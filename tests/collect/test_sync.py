@@ -493,3 +493,41 @@ def test_gpu_batched_collection_on_a_side_stream_without_synchronize(monkeypatch
     cpu = Collector(ref, lambda o: (o[:, 2] > 0).long(), frames_per_batch=n * T, seed=0)
     b_cpu = cpu.collect()
     torch.testing.assert_close(batch["obs"][:10].cpu(), b_cpu["obs"][:10], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("next_step", [True, False])
+def test_episode_ends_on_device_equals_a_python_count(next_step):
+    """The whole-batch episode accounting (numpy on the CPU, torch on accelerators) equals
+    a step-by-step count, across batches (carry) and in both autoreset modes."""
+    rng = np.random.default_rng(0)
+    n = 7
+    logs = {
+        name: batched_mod.EpisodeLog(n, torch.device("cpu"), cuda)
+        for name, cuda in (("numpy", None), ("torch", FakeCuda([])))
+    }
+    returns, lengths = [], []
+    ret, length, after = np.zeros(n), np.zeros(n, int), np.zeros(n, bool)
+    for _ in range(4):
+        T = int(rng.integers(1, 12))
+        reward = rng.normal(size=(T, n)).astype(np.float32)
+        done = rng.random((T, n)) < 0.2
+        if next_step:  # an env reports no end on its reset step
+            done[1:] &= ~done[:-1]
+            done[0] &= ~after
+        for t in range(T):
+            live = ~after if next_step else np.ones(n, bool)
+            ret += np.where(live, reward[t], 0)
+            length += live
+            for i in np.flatnonzero(done[t]):
+                returns.append(ret[i])
+                lengths.append(length[i])
+                ret[i], length[i] = 0, 0
+            after = done[t] if next_step else np.zeros(n, bool)
+        for log in logs.values():
+            log.add(torch.from_numpy(reward), torch.from_numpy(done), next_step)
+            log.flush()
+    for log in logs.values():
+        got_r, got_l = [], []
+        assert log.drain(got_r, got_l) == len(returns) > 3
+        np.testing.assert_allclose(got_r, returns, rtol=1e-6)
+        assert got_l == lengths

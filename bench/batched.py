@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""Batched torch envs: rlstash/CartPole-v1 against gymnasium's numpy-batched CartPole, and the
+Collector's overhead over the env's own step rate.
+
+    .venv/bin/python bench/batched.py [--quick] [--device cpu] [--reps N]
+                                      [--out bench/results/batched.md]
+
+Runs in the project's ``.venv`` (gymnasium is a dependency; no peers to install).
+
+1. Env steps/s at 256, 4096 and 65536 envs: ``gym.make_vec("rlstash/CartPole-v1", N,
+   "vector_entry_point", device=...)`` against ``gym.make_vec("CartPole-v1", N,
+   "vector_entry_point")`` (gymnasium's numpy ``CartPoleVectorEnv``), random actions (a bank of
+   64 pre-drawn action vectors per env, cycled: the policy's cost is not in this number),
+   next-step autoreset on both, timed interleaved (``common.interleaved``), medians.
+2. Collector overhead at 4096 envs: steps/s of the collector loop (a random policy that
+   picks one of 64 pre-drawn action vectors on the env's device + env step + batch
+   assembly + episode statistics + ``extend``, 16 steps per batch) as a fraction of the
+   env's own step rate (section 1's loop), interleaved; ``extend`` into a TensorStorage ring
+   (plain rows) and into a StreamStorage (lanes; its numpy bookkeeping per step is the
+   difference).
+3. PPO on rlstash/CartPole-v1 with 1024 envs: env steps and seconds to a mean return of 475
+   (only when ``rlstash.agents.ppo`` exists).
+
+Goals (issue 12): rlstash >= 1x gymnasium at 4096 envs on the CPU; collector >= 0.8x the env.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import common  # noqa: E402
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import rlstash  # noqa: E402, F401  (registers the ids)
+from rlstash.collect import Collector  # noqa: E402
+from rlstash.spec import Field  # noqa: E402
+from rlstash.storage.ram import TensorStorage  # noqa: E402
+from rlstash.storage.stream import StreamStorage  # noqa: E402
+
+SIZES = (256, 4096, 65536)
+BANK = 64
+
+
+def env_runs(n: int, device: str) -> dict[str, common.Run]:
+    """run(k): k vectorized steps (k * n env steps) of each env, random actions."""
+    rng = np.random.default_rng(0)
+    bank_np = rng.integers(0, 2, (BANK, n))
+    bank_t = torch.from_numpy(bank_np).to(device)
+    ours = gym.make_vec(
+        "rlstash/CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point", device=device
+    )
+    theirs = gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point")
+    ours.reset(seed=0)
+    theirs.reset(seed=0)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def run_ours(k: int) -> None:
+        for i in range(k):
+            ours.step(bank_t[i % BANK])
+        sync()  # the timing ends when the device has done the work
+
+    def run_theirs(k: int) -> None:
+        for i in range(k):
+            theirs.step(bank_np[i % BANK])
+
+    return {"rlstash": run_ours, "gymnasium": run_theirs}
+
+
+def collector_runs(n: int, device: str, steps: int = 16) -> dict[str, common.Run]:
+    """run(k): k batches of ``steps`` vectorized steps of the bare env, or of the collector
+    loop into a storage."""
+    bare = env_runs(n, device)["rlstash"]
+    runs = {"env alone": lambda k: bare(k * steps)}
+    spec = {"obs": Field((4,), torch.float32), "action": Field((), torch.int64)}
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    for name in ("collector + StreamStorage", "collector + TensorStorage"):
+        env = gym.make_vec(
+            "rlstash/CartPole-v1",
+            num_envs=n,
+            vectorization_mode="vector_entry_point",
+            device=device,
+        )
+        bank = torch.from_numpy(np.random.default_rng(1).integers(0, 2, (BANK, n))).to(device)
+        calls = [0]
+
+        def policy(
+            obs: torch.Tensor, bank: torch.Tensor = bank, calls: list = calls
+        ) -> torch.Tensor:
+            calls[0] += 1
+            return bank[calls[0] % BANK]  # a random policy at the cost of one index
+
+        c = Collector(env, policy, frames_per_batch=n * steps, seed=0)
+        if name.endswith("StreamStorage"):
+            store = StreamStorage(spec, n, capacity=n * 64, device=device)
+            extend = store.extend
+        else:
+            flat = {
+                **spec,
+                "reward": Field((), torch.float32),
+                "terminated": Field((), torch.bool),
+                "truncated": Field((), torch.bool),
+            }
+            ring = TensorStorage(flat, n * 64, device)
+            cursor = [0]
+
+            def extend(batch: dict, ring: TensorStorage = ring, cursor: list = cursor) -> None:
+                rows = (np.arange(n * steps) + cursor[0]) % ring.capacity
+                cursor[0] = int(rows[-1] + 1)
+                ring.write(rows, {k: v.reshape(n * steps, *v.shape[2:]) for k, v in batch.items()})
+
+        def run(k: int, c: Collector = c, extend=extend) -> None:
+            for _ in range(k):
+                extend(c.collect())
+            sync()
+
+        runs[name] = run
+    return runs
+
+
+def section_envs(device: str, reps: int, target_s: float) -> tuple[list[list[str]], dict]:
+    rows, ratios = [], {}
+    for n in SIZES:
+        res = common.interleaved(env_runs(n, device), reps=reps, target_s=target_s)
+        ours, theirs = res["rlstash"].median * n, res["gymnasium"].median * n
+        ratios[n] = ours / theirs
+        rows.append(
+            [
+                f"{n:,}",
+                common.fmt_rate(ours),
+                common.fmt_rate(theirs),
+                common.fmt_ratio(ratios[n]),
+                f"{res['rlstash'].spread:.2f}/{res['gymnasium'].spread:.2f}",
+            ]
+        )
+        print(f"[batched] envs {n}: {ratios[n]:.2f}x", flush=True)
+    return rows, ratios
+
+
+def section_collector(device: str, reps: int, target_s: float) -> tuple[list[list[str]], float]:
+    n = 4096
+    res = common.interleaved(collector_runs(n, device), reps=reps, target_s=target_s)
+    base = res["env alone"].median
+    rows = [
+        [name, common.fmt_rate(t.median * n), common.fmt_ratio(t.median / base), f"{t.spread:.2f}"]
+        for name, t in res.items()
+    ]
+    return rows, res["collector + StreamStorage"].median / base
+
+
+def section_ppo() -> list[str]:
+    try:
+        import rlstash.agents.ppo  # noqa: F401
+    except ImportError:
+        return ["PPO: not measured: rlstash.agents.ppo is not in this tree"]
+    return ["PPO: rlstash.agents.ppo exists; its run on rlstash/CartPole-v1 is not wired here yet"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="3-second smoke run (5 reps, short)")
+    ap.add_argument("--device", default="cpu", help="env, storage and policy device")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--out", default=str(HERE / "results" / "batched.md"))
+    args = ap.parse_args()
+    reps, target_s = (5, 0.05) if args.quick else (args.reps, 0.3)
+    torch.set_num_threads(1)  # gymnasium's numpy env is single-threaded too
+    info = common.machine_info()
+    info["device"] = args.device
+    common.wait_quiet(5 if args.quick else 60, "batched")
+    with common.cpu_meter() as meter:
+        env_rows, ratios = common.timed_run(lambda: section_envs(args.device, reps, target_s), info)
+        coll_rows, frac = section_collector(args.device, reps, target_s)
+    info["concurrent load of other users (busy cores, median)"] = round(meter.others, 2)
+    goals = [
+        f"{'PASS' if ratios[4096] >= 1 else 'FAIL'}: rlstash/CartPole-v1 vs gymnasium at 4096 envs: "
+        f"{ratios[4096]:.2f}x (goal >= 1x on the CPU)",
+        f"{'PASS' if frac >= 0.8 else 'FAIL'}: collector + StreamStorage at 4096 envs: "
+        f"{frac:.2f}x the env's own step rate (goal >= 0.8)",
+    ]
+    text = "\n".join(
+        [
+            "# Batched torch envs: rlstash/CartPole-v1 vs gymnasium's numpy CartPole; collector overhead",
+            "",
+            f"`.venv/bin/python bench/batched.py --device {args.device}{' --quick' if args.quick else ''}`",
+            "",
+            *common.header_lines(info),
+            "",
+            "## Goals (issue 12)",
+            "",
+            *goals,
+            "",
+            "## Env steps/s (random actions, next-step autoreset, medians of interleaved reps)",
+            "",
+            common.markdown_table(
+                ["envs", "rlstash/CartPole-v1", "gymnasium CartPoleVectorEnv", "ratio", "spread"],
+                env_rows,
+            ),
+            "",
+            "## Collector loop at 4096 envs (random torch policy + env + extend), vs the env alone",
+            "",
+            common.markdown_table(["loop", "env steps/s", "of env alone", "spread"], coll_rows),
+            "",
+            "## PPO on rlstash/CartPole-v1, 1024 envs",
+            "",
+            *section_ppo(),
+            "",
+        ]
+    )
+    return common.publish(text, args.out, "batched", [])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
