@@ -531,3 +531,15 @@ def test_episode_ends_on_device_equals_a_python_count(next_step):
         assert log.drain(got_r, got_l) == len(returns) > 3
         np.testing.assert_allclose(got_r, returns, rtol=1e-6)
         assert got_l == lengths
+
+
+def test_next_obs_of_a_batched_env_is_a_copy_on_its_device():
+    env = CartPoleVectorEnv(num_envs=4)
+    c = Collector(env, zeros_policy, frames_per_batch=8, seed=0)
+    c.collect()
+    nxt = c.next_obs
+    assert nxt.device == env.device and nxt.shape == (4, 4)
+    kept = nxt.clone()
+    nxt += 1  # a copy: the collector's observations are untouched
+    b = c.collect()
+    assert torch.equal(b["obs"][0], kept)  # the next batch starts from it
