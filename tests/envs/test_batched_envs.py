@@ -283,3 +283,30 @@ def test_accelerator_path_never_reads_data_on_the_host(mode):
     pend = PendulumVectorEnv(num_envs=8, device="meta")
     pend.reset(seed=1)
     pend.step(torch.zeros(8, 1, device="meta"))
+
+
+@pytest.mark.gpu
+@pytest.mark.allow_cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_gpu_env_matches_the_cpu_env(mode, monkeypatch):
+    """Real CUDA: the same seeds and actions give the CPU env's episodes (flags exactly, values
+    to rounding), everything stays on the GPU, and stepping never synchronises the device."""
+
+    def no_sync(*args, **kwargs):
+        raise AssertionError("torch.cuda.synchronize was called")
+
+    n = 4096
+    gpu = CartPoleVectorEnv(num_envs=n, device="cuda", autoreset_mode=mode, dtype=torch.float64)
+    cpu = CartPoleVectorEnv(num_envs=n, autoreset_mode=mode, dtype=torch.float64)
+    g_obs, _ = gpu.reset(seed=0)
+    c_obs, _ = cpu.reset(seed=0)
+    monkeypatch.setattr(torch.cuda, "synchronize", no_sync)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        act = torch.randint(0, 2, (n,), generator=gen)
+        g = gpu.step(act.cuda())
+        c = cpu.step(act)
+        assert all(t.device.type == "cuda" for t in g[:4])
+        for x, y in zip(g[:4], c[:4]):
+            torch.testing.assert_close(x.cpu(), y, rtol=1e-6, atol=1e-6)
