@@ -1,26 +1,52 @@
 """The core roles and how they fit together.
 
-A replay buffer is three small parts joined in a few lines (see :mod:`rlstash.replay`)::
+A replay buffer is a storage and a sampler joined in a few lines (see :mod:`rlstash.replay`).
+There are two kinds of storage, each an explicit protocol below.
+
+An **indexed** :class:`Storage` keeps rows where it is told; the buffer's ring writer says
+where::
 
     index = writer.reserve(n)             # where the next n rows go (slice or index array)
     storage.write(index, batch)           # storage moves data; validated first
     writer.commit(n)                      # only now do the rows become visible
     sampler.on_write(index, batch)        # e.g. prioritized: new rows get the max priority
 
+A **placed** storage (:class:`PlacedStorage`, e.g. the stream storage's per-env lanes) decides
+itself where rows go and which rows are valid sample starts; there is no writer::
+
+    index = storage.extend(batch)                     # validated first; returns the rows written
+    sampler.on_write(index, storage.step_flags(index))
+
+Sampling is the same for both::
+
     idx, extra = sampler.sample(batch_size, ctx)   # indices only (host numpy int64)
-    batch = storage.read(idx)                      # gather rows
+    batch = storage.read(idx)                      # gather rows (``gather`` when the sampler
+                                                   # declares its indices valid)
     for t in transforms: batch = t(batch)          # plain dict -> dict callables
     batch = deliver(batch, device, pin_memory)     # rlstash.device: last, after transforms
 
+Fast paths live inside the storages, behind explicit contracts: :class:`FastRows` (a gather
+without bounds checks, a write without casts) and :class:`PersistentStorage` (a storage that
+keeps the writer position, such as a disk storage). Samplers declare what they guarantee
+with class attributes read by :func:`declares` (a sampler that does not say is checked;
+see :class:`Sampler`):
+
+* ``returns_valid_indices``: every index ``sample`` returns is a stored row in
+  ``[0, capacity)`` (and in ``ctx.valid`` when given), so rows are gathered unchecked;
+* ``accepts_arrays``: ``on_write`` accepts numpy arrays as batch values (or ignores them),
+  so a batch is handed over as given instead of as validated tensors.
+
 Indices are host-side ``numpy.int64`` arrays, or a ``slice`` for a contiguous run (the
 common case when writing). Storages accept both. Devices are arguments, never hidden state.
+Samplers save and load through ``state_dict``/``load_state_dict`` (plain data, no pickled
+objects).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -32,7 +58,7 @@ Index = np.ndarray | slice
 
 @runtime_checkable
 class Storage(Protocol):
-    """Preallocated struct-of-arrays: one contiguous tensor (or file) per field."""
+    """Indexed rows: preallocated struct-of-arrays, one contiguous tensor (or file) per field."""
 
     spec: Spec
     capacity: int
@@ -58,6 +84,101 @@ class Storage(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class FastRows(Protocol):
+    """The hot paths an indexed storage may offer (:class:`~rlstash.storage.ram.ArrayStorage`).
+
+    ``gather(index)`` reads a 1-D int64 array the caller guarantees in range (no bounds
+    check; memory stays safe regardless). ``exact_sources(batch)`` returns the batch's
+    fields in storage order and its row count when it can be written with no cast (else
+    ``None``: validate it instead), and ``put(index, sources)`` writes them. ``tensors``
+    maps each field to its stored rows ``[capacity, ...]`` (views, no copy).
+    """
+
+    tensors: dict[str, torch.Tensor]
+
+    def gather(self, index: np.ndarray) -> Batch: ...
+
+    def exact_sources(self, batch: Any) -> tuple[list[Any], int] | None: ...
+
+    def put(self, index: Index, sources: list[Any]) -> None: ...
+
+
+@runtime_checkable
+class PersistentStorage(Protocol):
+    """An indexed storage that keeps the writer position with its rows (disk, tiered).
+
+    The buffer calls ``set_cursor`` after every write; a reopened storage reports the
+    ``cursor``, ``size`` and ``extra`` it kept, and the buffer resumes from them.
+    """
+
+    cursor: int
+    size: int
+    extra: dict[str, Any]
+
+    def set_cursor(self, cursor: int, size: int, extra: dict[str, Any] | None = None) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+@runtime_checkable
+class PlacedStorage(Protocol):
+    """A storage that places rows itself (:class:`~rlstash.storage.stream.StreamStorage`).
+
+    ``extend(batch)`` validates and stores a batch and returns the rows written; ``valid``
+    (bool[capacity], updated in place) marks the rows a sampler may return; ``window(starts,
+    length)`` maps starts [B] to the rows of ``length`` consecutive steps [B, length];
+    ``step_flags(index)`` gives the episode-end flags a sampler's ``on_write`` may track;
+    ``written`` marks the rows holding data (a resume replays them to the sampler).
+    ``read`` checks that every index is a valid start; ``gather`` trusts the caller.
+    """
+
+    spec: Spec
+    capacity: int
+    device: torch.device
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def valid(self) -> np.ndarray: ...
+
+    @property
+    def written(self) -> np.ndarray: ...
+
+    def extend(self, batch: Any) -> np.ndarray: ...
+
+    def step_flags(self, index: Index) -> dict[str, np.ndarray]: ...
+
+    def window(self, starts: np.ndarray, length: int) -> np.ndarray: ...
+
+    def read(self, index: Index, out: Batch | None = None) -> Batch: ...
+
+    def gather(self, index: np.ndarray) -> Batch: ...
+
+    def flush(self) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def missing_members(obj: object, protocol: type) -> list[str]:
+    """The members of ``protocol`` (methods, properties, attributes) that ``obj`` lacks."""
+    names: set[str] = set()
+    for base in protocol.__mro__:
+        if base in (object, Protocol, Generic) or not getattr(base, "_is_protocol", False):
+            continue
+        names.update(base.__dict__.get("__annotations__", {}))
+        names.update(k for k, v in base.__dict__.items() if callable(v) or isinstance(v, property))
+    return sorted(n for n in names if not n.startswith("_") and not hasattr(obj, n))
+
+
 @dataclass
 class SampleContext:
     """What a sampler may look at when it picks indices."""
@@ -75,7 +196,19 @@ class SampleContext:
 
 @runtime_checkable
 class Sampler(Protocol):
-    """Picks indices; never touches data."""
+    """Picks indices; never touches data.
+
+    Guarantees a sampler may declare as class attributes, in the class that defines the
+    method they are about (read with :func:`declares`; a sampler that does not declare them
+    gets the checked paths):
+
+    * ``returns_valid_indices = True`` (about ``sample``): every index is a stored row in
+      ``[0, capacity)`` (and in ``ctx.valid`` when given);
+    * ``accepts_arrays = True`` (about ``on_write``): it accepts numpy arrays as batch values.
+
+    ``state_dict`` returns plain data with a ``"kind"``; the buffer saves that, never the
+    sampler object, and :meth:`load_state_dict` restores it into a sampler built afresh.
+    """
 
     def reset(self, capacity: int) -> None:
         """Bind to a buffer of ``capacity`` rows (allocates per-row state such as priorities)."""
@@ -94,6 +227,40 @@ class Sampler(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class PrioritySampler(Sampler, Protocol):
+    """A sampler whose rows have priorities the learner updates (e.g. by TD error)."""
+
+    def update_priorities(self, indices: Any, priorities: Any) -> None: ...
+
+
+@runtime_checkable
+class SpecChecker(Protocol):
+    """A sampler that must see certain fields (e.g. episode flags): ``check_spec(spec)`` raises
+    ValueError/TypeError when the storage's rows lack them; the buffer calls it when it is
+    built, before anything is written."""
+
+    def check_spec(self, spec: Spec) -> None: ...
+
+
+GUARANTEES = {"returns_valid_indices": "sample", "accepts_arrays": "on_write"}
+
+
+def declares(obj: object, guarantee: str) -> bool:
+    """True only when ``obj``'s class declares ``guarantee`` (a key of :data:`GUARANTEES`) True.
+
+    A guarantee is about one method (``returns_valid_indices``: ``sample``;
+    ``accepts_arrays``: ``on_write``) and holds only when the class that defines the method
+    ``obj`` uses declares it: a subclass of a built-in sampler that overrides ``sample``
+    without re-declaring gets its indices checked.
+    """
+    method = GUARANTEES[guarantee]
+    for klass in type(obj).__mro__:
+        if method in vars(klass):
+            return vars(klass).get(guarantee) is True
+    return False
 
 
 @runtime_checkable

@@ -1,4 +1,5 @@
-"""ReplayBuffer: storage + sampler + writer, joined in a few lines.
+"""ReplayBuffer: a storage and a sampler (plus a ring writer for indexed storages), joined
+in a few lines; the contracts they follow are in :mod:`rlstash.core`.
 
 ::
 
@@ -26,10 +27,8 @@ may predate the last ``k`` extends.
 from __future__ import annotations
 
 import os
-import queue
 import tempfile
 import threading
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -37,27 +36,43 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlstash.core import Index, SampleContext, Sampler, Storage
-from rlstash.device import Delivery, Handover
+from rlstash.core import (
+    FastRows,
+    Index,
+    PersistentStorage,
+    PlacedStorage,
+    PrioritySampler,
+    SampleContext,
+    Sampler,
+    SpecChecker,
+    Storage,
+    declares,
+    missing_members,
+)
+from rlstash.device import Delivery
 from rlstash.indices import as_rows
+from rlstash.prefetch import Prefetcher, Stopped
 from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler
 from rlstash.spec import Batch
 from rlstash.writer import RingWriter
 
 Transform = Callable[[Batch], Batch]
-_FORMAT = 1
-# Samplers whose indices are always stored rows in [0, capacity): their batches are gathered
-# without a bounds check. Exact types: a subclass may override ``sample``.
-_IN_RANGE = frozenset({UniformSampler, PrioritizedSampler, SequenceSampler})
-# Samplers whose ``on_write`` accepts numpy arrays as well as tensors (or ignores the batch).
-_ANY_ARRAYS = _IN_RANGE
+_FORMAT = 2  # 1: the sampler was pickled; 2: its state_dict
+_RESUME_CHUNK = 1 << 16  # rows per read when a reopened storage replays its rows to a sampler
 
 
 class ReplayBuffer:
-    """A FIFO replay buffer over any :class:`~rlstash.core.Storage`.
+    """A FIFO replay buffer over any :class:`~rlstash.core.Storage` or
+    :class:`~rlstash.core.PlacedStorage`.
+
+    The paths are picked once from the contracts the parts declare (:mod:`rlstash.core`): a
+    storage's :class:`~rlstash.core.FastRows` and :class:`~rlstash.core.PersistentStorage`,
+    a sampler's ``returns_valid_indices`` and ``accepts_arrays``. A part that declares
+    nothing gets the checked paths, never a silently different one.
 
     Args:
-        storage: where rows live (``TensorStorage`` on any device, ``MemmapStorage`` on disk).
+        storage: where rows live (``TensorStorage`` on any device, ``MemmapStorage`` on disk,
+            ``TieredStorage``; or a storage that places rows itself: ``StreamStorage``).
         sampler: picks indices; default :class:`~rlstash.sampler.UniformSampler`.
         transforms: callables ``dict -> dict`` applied in order to each sampled batch.
         device: where the final batch is delivered (``None``: leave it where the storage is).
@@ -76,10 +91,12 @@ class ReplayBuffer:
         prefetch: int = 0,
         seed: int | None = None,
     ) -> None:
-        placed = callable(getattr(storage, "extend", None)) and hasattr(storage, "valid")
+        placed = isinstance(storage, PlacedStorage)
         if not placed and not isinstance(storage, Storage):
             raise TypeError(
-                f"storage: expected a Storage (TensorStorage, MemmapStorage, ...), got {type(storage).__name__}"
+                f"storage: expected a Storage (TensorStorage, MemmapStorage, TieredStorage) or a "
+                f"PlacedStorage (StreamStorage), got {type(storage).__name__}, which lacks "
+                f"{missing_members(storage, Storage)} (see rlstash.core)"
             )
         if not isinstance(prefetch, int) or isinstance(prefetch, bool):
             raise TypeError(
@@ -96,35 +113,50 @@ class ReplayBuffer:
                 )
         if sampler is None:
             sampler = UniformSampler()
+        elif not isinstance(sampler, Sampler):
+            raise TypeError(
+                f"sampler: expected a Sampler (UniformSampler, PrioritizedSampler, ...), got "
+                f"{type(sampler).__name__}, which lacks {missing_members(sampler, Sampler)}"
+            )
         self.storage = storage
-        # A storage that places rows itself (the stream storage's per-env lanes) replaces the
-        # ring writer: it says where rows went, which starts are valid, and how windows run.
-        self._placed = placed
         self.sampler = sampler
-        self.writer = RingWriter(storage.capacity)
+        # A storage that places rows itself (the stream storage's per-env lanes) has no ring
+        # writer: it says where rows went, which starts are valid, and how windows run.
+        self._placed = placed
+        self.writer: RingWriter | None = None if placed else RingWriter(storage.capacity)
         self.transforms = transforms
         self.delivery = Delivery(device, pin_memory)
         self.prefetch = prefetch
         self.rng = np.random.default_rng(seed)
         self.sampler.reset(storage.capacity)
-        _check_spec(self.sampler, storage.spec)  # e.g. SequenceSampler needs episode flags
+        if isinstance(sampler, SpecChecker):  # e.g. SequenceSampler needs episode flags
+            sampler.check_spec(storage.spec)
         self._lock = threading.RLock()  # extend, and the index pick + gather of sample
         self._prefetch_lock = threading.Lock()  # starting/stopping the prefetcher, close
         self._ctx = SampleContext(0, 0, storage.capacity, self.rng)
-        # hot-path helpers, looked up once (None when the storage has no such fast path)
-        from rlstash.storage.ram import ArrayStorage  # (the storage package is loaded by now)
-
-        fast = isinstance(storage, ArrayStorage)  # TensorStorage, MemmapStorage
-        self._rows_at = getattr(storage, "valid", None) is not None or hasattr(storage, "window")
-        # ArrayStorage.gather: no bounds check; StreamStorage.gather: no validity re-check
-        self._gather = getattr(storage, "gather", None) if fast or placed else None
-        self._exact = storage.exact_sources if fast else None
-        self._put = storage.put if fast else None
-        self._set_cursor = getattr(storage, "set_cursor", None)
-        self._host = getattr(getattr(storage, "device", None), "type", None) == "cpu"
-        self._prefetcher: _Prefetcher | None = None
+        self._bind_paths()
+        self._prefetcher: Prefetcher | None = None
         self._closed = False
         self._resume_from_storage()
+
+    def _bind_paths(self) -> None:
+        """Pick the hot paths, once, from what the storage and the sampler declare."""
+        storage, sampler, placed = self.storage, self.sampler, self._placed
+        fast = not placed and isinstance(storage, FastRows)  # TensorStorage, MemmapStorage
+        # indices a sampler vouches for are gathered unchecked (ArrayStorage: no bounds
+        # check; StreamStorage: no validity re-check); any other sampler's are checked
+        trusted = declares(sampler, "returns_valid_indices") and (fast or placed)
+        self._read = storage.gather if trusted else storage.read
+        self._exact = storage.exact_sources if fast else None  # extend without casts
+        self._put = storage.put if fast else None
+        keeps_cursor = not placed and isinstance(storage, PersistentStorage)
+        self._set_cursor = storage.set_cursor if keeps_cursor else None
+        self._flush = storage.flush if placed or keeps_cursor else None
+        self._as_tensors = not declares(sampler, "accepts_arrays")
+        self._priorities = (
+            sampler.update_priorities if isinstance(sampler, PrioritySampler) else None
+        )
+        self._host = storage.device.type == "cpu"
 
     # sizes
     @property
@@ -132,7 +164,8 @@ class ReplayBuffer:
         return self.storage.capacity
 
     def __len__(self) -> int:
-        return int(self.storage.size) if self._placed else self.writer.size
+        writer = self.writer
+        return int(self.storage.size) if writer is None else writer.size
 
     def __repr__(self) -> str:
         return (
@@ -195,13 +228,9 @@ class ReplayBuffer:
         if self._set_cursor is not None:
             w = self.writer
             self._set_cursor(w.cursor, w.size, {"total": w.total})
-        sampler = self.sampler
-        kind = type(sampler)
-        if kind is UniformSampler:
-            return  # keeps no per-row state
-        if kind not in _ANY_ARRAYS and any(type(v) is not torch.Tensor for v in srcs):
-            batch = self.storage.spec.validate(batch)  # tensors for a custom sampler
-        sampler.on_write(index, batch)
+        if self._as_tensors and any(type(v) is not torch.Tensor for v in srcs):
+            batch = self.storage.spec.validate(batch)  # tensors for a sampler that needs them
+        self.sampler.on_write(index, batch)
 
     def add(self, row: Mapping[str, Any]) -> int:
         """Append one row given without the leading dimension."""
@@ -236,11 +265,11 @@ class ReplayBuffer:
                 if prefetcher is None or prefetcher.batch_size != batch_size or prefetcher.spent:
                     if prefetcher is not None:
                         prefetcher.stop()
-                    prefetcher = _Prefetcher(self, batch_size, self.prefetch)
+                    prefetcher = Prefetcher(self, batch_size, self.prefetch)
                     self._prefetcher = prefetcher
             try:
                 return prefetcher.get()
-            except _Stopped:
+            except Stopped:
                 self._check_open()  # closed: a clear error; else replaced or spent: again
 
     def _sample_now(self, batch_size: int) -> Batch:
@@ -249,22 +278,18 @@ class ReplayBuffer:
                 self._check_open()
             ctx = self._ctx
             if self._placed:  # candidates anywhere; ``valid`` says which rows are starts
-                if not self.storage.size:
+                storage = self.storage
+                if not storage.size:
                     raise ValueError("sample: the buffer is empty; extend it before sampling")
                 ctx.size, ctx.cursor = self.capacity, 0
+                ctx.valid, ctx.window = storage.valid, storage.window
             else:
                 writer = self.writer
                 if not writer.size:
                     raise ValueError("sample: the buffer is empty; extend it before sampling")
                 ctx.size, ctx.cursor = writer.size, writer.cursor
-            if self._rows_at:
-                ctx.valid = getattr(self.storage, "valid", None)
-                ctx.window = getattr(self.storage, "window", None)
-            sampler = self.sampler
-            index, extra = sampler.sample(batch_size, ctx)
-            # indices of a built-in sampler are stored rows: gather without a bounds check
-            read = self._gather if type(sampler) in _IN_RANGE else None
-            read = read or self.storage.read
+            index, extra = self.sampler.sample(batch_size, ctx)
+            read = self._read
             if index.ndim == 1:
                 batch = read(index)
             else:  # windows [B, L] (sequence sampler): gather flat, then [B, L, ...]
@@ -284,7 +309,7 @@ class ReplayBuffer:
 
     def update_priorities(self, index: Any, priority: Any) -> None:
         """Forward new priorities to the sampler (prioritized sampling only)."""
-        update = getattr(self.sampler, "update_priorities", None)
+        update = self._priorities
         if update is None:
             raise TypeError(
                 f"update_priorities: {type(self.sampler).__name__} has no priorities; use PrioritizedSampler"
@@ -330,19 +355,26 @@ class ReplayBuffer:
             self._set_cursor(self.writer.cursor, self.writer.size, {"total": self.writer.total})
 
     def _resume_from_storage(self) -> None:
-        """A reopened disk storage knows its cursor; pick it up (resume after a crash)."""
+        """A reopened storage (disk) holds rows: pick up its writer position and tell the
+        sampler about its rows (resume after a crash)."""
+        storage = self.storage
         if self._placed:
-            written = np.flatnonzero(self.storage.written)
+            written = np.flatnonzero(storage.written)
             if written.size:
-                self.sampler.on_write(written, self.storage.step_flags(written))
+                self.sampler.on_write(written, storage.step_flags(written))
             return
-        size = getattr(self.storage, "size", 0) or 0
-        if size:
-            self.writer.cursor = int(getattr(self.storage, "cursor", 0))
-            self.writer.size = int(size)
-            self.writer.total = int(getattr(self.storage, "extra", {}).get("total", size))
-            index = np.arange(self.writer.size, dtype=np.int64)
-            self.sampler.on_write(index, _fields_for(self.sampler, self.storage, self.writer.size))
+        if self._set_cursor is None or not storage.size:
+            return
+        writer, size = self.writer, int(storage.size)
+        writer.cursor, writer.size = int(storage.cursor), size
+        writer.total = int((storage.extra or {}).get("total", size))
+        if isinstance(storage, FastRows):  # views of the stored rows, no copy
+            rows = {k: t[:size] for k, t in storage.tensors.items()}
+            self.sampler.on_write(np.arange(size, dtype=np.int64), rows)
+            return
+        for start in range(0, size, _RESUME_CHUNK):  # any other storage: read in chunks
+            index = np.arange(start, min(size, start + _RESUME_CHUNK), dtype=np.int64)
+            self.sampler.on_write(index, storage.read(index))
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: storage, writer cursor, sampler state and RNG."""
@@ -350,8 +382,8 @@ class ReplayBuffer:
             return {
                 "format": _FORMAT,
                 "storage": self.storage.state_dict(),
-                "writer": self.writer.state_dict(),
-                "sampler": self.sampler,
+                "writer": None if self.writer is None else self.writer.state_dict(),
+                "sampler": self.sampler.state_dict(),
                 "rng": self.rng.bit_generator.state,
             }
 
@@ -359,9 +391,8 @@ class ReplayBuffer:
         """Write the buffer to ``path`` (a file) atomically: temp file, fsync, rename."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        flush = getattr(self.storage, "flush", None)
-        if flush is not None:
-            flush()
+        if self._flush is not None:
+            self._flush()
         state = self.state_dict()
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
@@ -384,145 +415,61 @@ class ReplayBuffer:
         device: str | torch.device | None = None,
         pin_memory: bool = False,
         prefetch: int = 0,
+        sampler: Sampler | None = None,
     ) -> ReplayBuffer:
-        """Rebuild a buffer saved by :meth:`save`; it samples exactly what the original would."""
+        """Rebuild a buffer saved by :meth:`save`; it samples exactly what the original would.
+
+        The sampler is rebuilt from its saved ``state_dict`` (built-in kinds), or given as
+        ``sampler`` (a new one of the saved kind, e.g. a user's own): its state is loaded in.
+        """
         state = torch.load(Path(path), weights_only=False)
-        if state.get("format") != _FORMAT:
+        if state.get("format") not in (1, _FORMAT):
             raise ValueError(
                 f"{path}: unknown buffer format {state.get('format')!r}, expected {_FORMAT}"
             )
+        saved = state["sampler"]
+        if state["format"] == 1:  # an older rlstash pickled the sampler object itself
+            saved = saved.state_dict()
+        if sampler is None:
+            sampler = sampler_from_state(saved, path)
         from rlstash.storage import storage_from_state
 
         storage = storage_from_state(state["storage"])
         rb = cls(
             storage,
-            sampler=None,  # the saved sampler replaces the default below, untouched by reset()
+            sampler=sampler,
             transforms=transforms,
             device=device,
             pin_memory=pin_memory,
             prefetch=prefetch,
         )
-        rb._load_rest(state)
+        if rb.writer is not None:
+            rb.writer.load_state_dict(state["writer"])
+        rb.sampler.load_state_dict(saved)
+        rb.rng.bit_generator.state = state["rng"]
+        rb._sync_storage_cursor()
         return rb
 
-    def _load_rest(self, state: dict[str, Any]) -> None:
-        self.writer.load_state_dict(state["writer"])
-        self.sampler = state["sampler"]
-        self.rng.bit_generator.state = state["rng"]
-        self._sync_storage_cursor()
 
-
-class _Stopped(Exception):
-    """The prefetcher a caller waited on was stopped (the buffer closed, or a new batch size)."""
-
-
-class _Failure:
-    """A sample that failed in the prefetch thread: raised to the caller that takes it."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-class _Prefetcher:
-    """A daemon thread that keeps ``depth`` batches ready; holds only a weak reference.
-
-    A failed sample (an empty buffer, a transform that raises) is queued behind the batches
-    made before it and raised to the caller that takes it; the thread then ends, and the next
-    ``sample`` starts a fresh prefetcher, so an error is never handed to a later caller after
-    the cause may be gone (the buffer extended since). CUDA batches cross threads through a
-    :class:`~rlstash.device.Handover`: an event recorded on the thread's stream, waited on by
-    the caller's current stream, and ``record_stream`` for the caller (invariant I4).
-    """
-
-    def __init__(self, buffer: ReplayBuffer, batch_size: int, depth: int) -> None:
-        self.batch_size = batch_size
-        self.queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
-        self.stop_event = threading.Event()
-        self.handover = Handover(buffer.delivery.ops)
-        ref = weakref.ref(buffer)
-        self.thread = threading.Thread(
-            target=_prefetch_loop,
-            args=(ref, batch_size, self.queue, self.stop_event, self.handover),
-            name="rlstash-prefetch",
-            daemon=True,
+def sampler_from_state(state: dict[str, Any], path: Any = "state") -> Sampler:
+    """A new built-in sampler with the settings of a saved ``state_dict`` (not yet loaded)."""
+    kind = state.get("kind") if isinstance(state, dict) else None
+    if kind == "uniform":
+        return UniformSampler(replacement=bool(state["replacement"]))
+    if kind == "prioritized":
+        return PrioritizedSampler(
+            alpha=float(state["alpha"]),
+            beta=float(state["beta"]),
+            eps=float(state["eps"]),
+            max_priority=float(state["max_priority"]),
+            branching=int(state["tree"]["branching"]),
         )
-        self.thread.start()
-
-    @property
-    def spent(self) -> bool:
-        """True once the thread ended (after a failure) and every queued item was taken."""
-        return not self.thread.is_alive() and self.queue.empty()
-
-    def get(self) -> Batch:
-        """The next batch, made safe for the caller's stream. Raises :class:`_Stopped` when
-        stopped or spent (the caller then asks the buffer again)."""
-        while True:
-            if self.stop_event.is_set():
-                raise _Stopped
-            try:
-                item = self.queue.get(timeout=0.05)
-            except queue.Empty:
-                if not self.thread.is_alive() and self.queue.empty():
-                    raise _Stopped from None
-                continue
-            if type(item) is _Failure:
-                raise item.error
-            batch, marks = item
-            return self.handover.receive(batch, marks) if marks else batch
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        _drain(self.queue)  # unblock a put() waiting on a full queue
-        self.thread.join(timeout=10.0)
-        _drain(self.queue)
-
-
-def _drain(q: queue.Queue) -> None:
-    while True:
-        try:
-            q.get_nowait()
-        except queue.Empty:
-            return
-
-
-def _prefetch_loop(
-    ref: weakref.ref, batch_size: int, q: queue.Queue, stop: threading.Event, handover: Handover
-) -> None:
-    failed = False
-    while not (stop.is_set() or failed):
-        buffer = ref()
-        if buffer is None:
-            return
-        try:
-            batch = buffer._sample_now(batch_size)
-            item: Any = (batch, handover.mark(batch))  # event behind the batch's GPU work
-        except BaseException as exc:  # noqa: BLE001 - raised to the caller by get()
-            item, failed = _Failure(exc), True
-        del buffer
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                break
-            except queue.Full:
-                if ref() is None:
-                    return
-        del item
-
-
-def _check_spec(sampler: Sampler, spec: Any) -> None:
-    """Let the sampler refuse the storage's rows before anything is written (optional hook)."""
-    check = getattr(sampler, "check_spec", None)
-    if check is not None:
-        check(spec)
-
-
-def _fields_for(sampler: Sampler, storage: Storage, size: int) -> Batch:
-    """The stored fields a sampler tracks itself (e.g. episode ends), for the first ``size`` rows."""
-    tensors = getattr(storage, "tensors", {})
-    keys = [k for k in getattr(sampler, "end_keys", ()) if k in tensors]
-    return {k: tensors[k][:size] for k in keys}
+    if kind == "sequence":
+        return SequenceSampler(int(state["length"]), tuple(state["end_keys"]))
+    raise ValueError(
+        f"{path}: the saved sampler is of kind {kind!r}, which rlstash cannot rebuild by itself; "
+        "fix: pass sampler=<a new sampler of that kind> to ReplayBuffer.load"
+    )
 
 
 _SCRATCH_BYTES = 64  # per sampled row beyond its fields: index, weight, sampler scratch
@@ -585,4 +532,4 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-__all__ = ["ReplayBuffer", "Transform"]
+__all__ = ["ReplayBuffer", "Transform", "sampler_from_state"]

@@ -60,6 +60,10 @@ class PrioritizedSampler:
         branching: fan-out of the sum tree (a power of two >= 8).
     """
 
+    # guarantees (rlstash.core.Sampler): indices are stored rows; on_write takes numpy arrays
+    returns_valid_indices = True
+    accepts_arrays = True
+
     def __init__(
         self,
         alpha: float = 0.6,

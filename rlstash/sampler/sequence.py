@@ -43,6 +43,10 @@ class SequenceSampler:
     tracked from :meth:`on_write`, which must see at least one of ``end_keys`` per batch.
     """
 
+    # guarantees (rlstash.core.Sampler): indices are stored rows; on_write takes numpy arrays
+    returns_valid_indices = True
+    accepts_arrays = True
+
     def __init__(
         self, length: int, end_keys: tuple[str, ...] = ("terminated", "truncated")
     ) -> None:

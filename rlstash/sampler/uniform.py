@@ -45,6 +45,10 @@ class UniformSampler:
     every epoch still returns each of its rows exactly once.
     """
 
+    # guarantees (rlstash.core.Sampler): indices are stored rows; on_write takes numpy arrays
+    returns_valid_indices = True
+    accepts_arrays = True
+
     def __init__(self, replacement: bool = True) -> None:
         if not isinstance(replacement, bool):
             raise TypeError(f"replacement: expected a bool, got {replacement!r}")
