@@ -241,3 +241,18 @@ def test_an_agent_config_repeating_a_loop_setting_cannot_register() -> None:
 
     with pytest.raises(ValueError, match=r"repeats TrainConfig settings \['steps'\]"):
         algos.Algo("x", {"discrete": algos.Learner(Repeats, None)}, loop=algos.ALGOS["dqn"].loop)
+
+
+def test_show_config_prints_the_resolved_run_as_a_config_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = tmp_path / "runs"
+    argv = ["train", "--show-config", "--run-dir", str(runs), "--batch-size", "99"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "batch_size = 99" in text and "train_freq = 256" in text  # given, then preset
+    assert "[agent]" in text and "learning_rate = 0.0023" in text and "net_arch = [64, 64]" in text
+    (tmp_path / "c.toml").write_text(text)
+    assert main(["train", "--show-config", "--config", str(tmp_path / "c.toml")]) == 0
+    assert capsys.readouterr().out == text  # it round-trips through --config
+    assert not runs.exists()

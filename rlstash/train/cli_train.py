@@ -7,10 +7,14 @@ precedence is defaults < the env's preset < ``--config`` file < flags < ``--set`
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from rlstash.settings import SettingError
+from rlstash.train.config import TrainConfig
 from rlstash.train.flags import Given, add_train_flags, given_flags, known_settings
 
 try:
@@ -73,6 +77,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             train(resume=args.resume)
             return 0
         cfg = given.config()
+        if args.show_config:
+            print(resolved_toml(cfg))
+            return 0
         result = train(cfg)
     except SettingError as exc:
         raise ValueError(given.explain(exc)) from None
@@ -81,6 +88,33 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not result.solved and result.last_eval == result.last_eval and cfg.threshold is not None:
         print(f"not solved within {result.steps} steps", file=sys.stderr)
     return 0
+
+
+def resolved_toml(cfg: TrainConfig) -> str:
+    """The run's settings after defaults and the env's preset, as a --config TOML file."""
+    from rlstash.train import algos
+    from rlstash.train.builders import probe_env
+
+    cfg, _ = algos.resolve(cfg, probe_env(cfg.env, cfg.history).act_space)
+    lines = [f"# rlstash train --config FILE: the settings of this run ({cfg.algo} on {cfg.env})"]
+    for key, value in dataclasses.asdict(cfg).items():
+        if key != "agent":
+            lines.append(_toml_line(key, value))
+    lines.append("\n[agent]")
+    lines += [_toml_line(key, value) for key, value in sorted(cfg.agent.items())]
+    return "\n".join(lines)
+
+
+def _toml_line(key: str, value: Any) -> str:
+    if value is None:
+        return f"# {key} = (unset)"
+    if isinstance(value, bool):
+        return f"{key} = {str(value).lower()}"
+    if isinstance(value, str):
+        return f"{key} = {json.dumps(value)}"
+    if isinstance(value, (tuple, list)):
+        return f"{key} = [{', '.join(map(str, value))}]"
+    return f"{key} = {value!r}"
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -116,6 +150,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="RUN_DIR",
         help="continue the run in RUN_DIR from its checkpoint",
+    )
+    t.add_argument(
+        "--show-config",
+        action="store_true",
+        help="print the run's settings (defaults and the env's preset applied) as a --config "
+        "file, and exit without training",
     )
     add_train_flags(t)
     t.set_defaults(func=cmd_train)
