@@ -373,3 +373,38 @@ def test_cli_plan_of_a_prioritized_stream_buffer_equals_what_it_allocates(capsys
     out = capsys.readouterr().out
     assert "stream: lane bookkeeping" in out and "sampler: sum tree" in out
     assert f"{allocated:,}" in out
+
+
+def test_sampler_state_that_does_not_fit_is_refused_before_it_is_allocated(monkeypatch):
+    import tracemalloc
+
+    from rlstash.sampler import PrioritizedSampler, SequenceSampler
+
+    cap = 10_000_000  # ~191 MB of priorities
+    monkeypatch.setattr(memory, "ram_available", lambda: 100 << 20)
+    s = PrioritizedSampler()
+    tracemalloc.start()
+    try:
+        with pytest.raises(
+            InsufficientMemoryError, match=r"PrioritizedSampler of 10,000,000 rows"
+        ) as info:
+            s.reset(cap)
+        assert tracemalloc.get_traced_memory()[1] < 1 << 20  # nothing big was allocated
+    finally:
+        tracemalloc.stop()
+    text = str(info.value)
+    assert "sum tree" in text and "capacity <= 5,19" in text  # (100 MiB * 0.95) / 19.17 B
+    assert info.value.needed == sum(s.plan_bytes(cap).values()) and s.capacity == 0
+    with pytest.raises(InsufficientMemoryError, match="SequenceSampler"):
+        SequenceSampler(2).reset(200_000_000)
+
+
+def test_max_capacity_counts_the_sampler_bytes_per_row(monkeypatch):
+    from rlstash.sampler import PrioritizedSampler
+
+    monkeypatch.setattr(memory, "ram_available", lambda: 10**9)
+    p = plan(SPEC, 10**6, sampler=PrioritizedSampler())
+    n = p.max_capacity("ram")
+    usable = p.place("ram").usable
+    fits = plan(SPEC, n, sampler=PrioritizedSampler())
+    assert fits.place("ram").needed <= usable < fits.place("ram").needed + ROW + 20

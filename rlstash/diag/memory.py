@@ -57,10 +57,12 @@ class InsufficientMemoryError(MemoryError):
     """A place does not have the free bytes a storage needs.
 
     Attributes: ``place``, ``needed`` and ``free`` (bytes, of the first place that does not
-    fit) and ``plan`` (the whole :class:`MemoryPlan`).
+    fit) and ``plan`` (the whole :class:`MemoryPlan`; None from :func:`check_host_state`).
     """
 
-    def __init__(self, message: str, place: str, needed: int, free: int, plan: MemoryPlan):
+    def __init__(
+        self, message: str, place: str, needed: int, free: int, plan: MemoryPlan | None
+    ) -> None:
         super().__init__(message)
         self.place, self.needed, self.free, self.plan = place, needed, free, plan
 
@@ -179,6 +181,36 @@ def ram_available() -> int:
     avail = int(psutil.virtual_memory().available)
     limit = cgroup_available()
     return avail if limit is None else min(avail, limit)
+
+
+_CHECK_FROM = 1 << 20  # host state below this many bytes is allocated without asking
+
+
+def check_host_state(
+    what: str, items: Mapping[str, int], capacity: int, margin: float = 0.05
+) -> None:
+    """Refuse per-row host state (a sampler's arrays) that does not fit in free RAM, before
+    it is allocated: :class:`InsufficientMemoryError` naming the bytes, the parts and the fix.
+    """
+    needed = sum(items.values())
+    if needed < _CHECK_FROM:
+        return
+    free = ram_available()
+    usable = free - math.floor(margin * free)
+    if needed <= usable:
+        return
+    per_row = needed / capacity
+    parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in items.items())
+    raise InsufficientMemoryError(
+        f"Not enough memory on ram for {what} of {capacity:,} rows: needs {exact_bytes(needed)}"
+        f" ({parts}), {exact_bytes(free)} free ({human_bytes(usable)} usable with a "
+        f"{margin:.0%} safety margin).\nFix: capacity <= {int(usable // per_row):,} fits "
+        f"({per_row:.1f} B per row); or free memory first (rlstash plan --sampler shows it all).",
+        "ram",
+        needed,
+        free,
+        None,
+    )
 
 
 def disk_free(path: str | os.PathLike) -> int:

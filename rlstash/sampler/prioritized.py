@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from rlstash.core import Index, SampleContext
+from rlstash.diag.memory import check_host_state
 from rlstash.indices import as_rows, check_rows
 from rlstash.sampler.checks import (
     as_numpy,
@@ -103,7 +104,11 @@ class PrioritizedSampler:
         }
 
     def reset(self, capacity: int) -> None:
-        self.capacity = check_capacity(capacity)
+        """Bind to ``capacity`` rows; refuses (InsufficientMemoryError) before allocating
+        when :meth:`plan_bytes` does not fit in free RAM."""
+        capacity = check_capacity(capacity)
+        check_host_state("PrioritizedSampler", self.plan_bytes(capacity), capacity)
+        self.capacity = capacity
         self._tree = SumMinTree(self.capacity, branching=self.branching)
         self._written = np.zeros(self.capacity, dtype=bool)  # rows seen by on_write
         self._valid = np.ones(self.capacity, dtype=bool)  # the last mask synced from ctx

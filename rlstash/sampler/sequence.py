@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from rlstash.core import Index, SampleContext
+from rlstash.diag.memory import check_host_state
 from rlstash.indices import as_rows
 from rlstash.sampler.checks import (
     REJECTION_ROUNDS,
@@ -72,9 +73,11 @@ class SequenceSampler:
         return {"episode ends": check_capacity(capacity), "window offsets": 8 * self.length}
 
     def reset(self, capacity: int) -> None:
+        """Bind to ``capacity`` rows (refused before allocating when it does not fit in RAM)."""
         capacity = check_capacity(capacity)
         if self.length > capacity:
             raise ValueError(f"length: {self.length} is longer than the buffer ({capacity} rows)")
+        check_host_state("SequenceSampler", self.plan_bytes(capacity), capacity)
         self.capacity = capacity
         self._ends = np.zeros(capacity, dtype=bool)  # True where an episode ended at that row
 
