@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "plan": "rlstash.diag.memory",
     "MemoryPlan": "rlstash.diag.memory",
     "InsufficientMemoryError": "rlstash.diag.memory",
+    "IndexRangeError": "rlstash.indices",
     "TensorStorage": "rlstash.storage.ram",
     "MemmapStorage": "rlstash.storage.disk",
     "StreamStorage": "rlstash.storage.stream",
@@ -74,6 +75,7 @@ __all__ = [
     "HistorySummarizer",
     "HistoryWindow",
     "transitions_from_windows",
+    "IndexRangeError",
     "InsufficientMemoryError",
     "MemmapStorage",
     "MemoryPlan",
@@ -120,6 +122,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.diag.memory import InsufficientMemoryError, MemoryPlan, plan
     from rlstash.envs.errors import WorkerFailedError
     from rlstash.envs.process_pool import ProcessPoolVectorEnv
+    from rlstash.indices import IndexRangeError
     from rlstash.ratelimit import RateLimiter
     from rlstash.replay import ReplayBuffer
     from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler
