@@ -25,6 +25,7 @@ import torch
 from rlstash.agents.dqn import DQN, DQNConfig
 from rlstash.agents.sac import SAC, SACConfig
 from rlstash.agents.sac_discrete import DiscreteSAC, DiscreteSACConfig
+from rlstash.envs.batched import REFERENCE_IDS
 from rlstash.settings import SettingError
 from rlstash.train.config import LOOP_SETTINGS, TrainConfig
 
@@ -119,7 +120,7 @@ def resolve(cfg: TrainConfig, act_space: Any) -> tuple[TrainConfig, Any]:
     algo = ALGOS[cfg.algo]
     learner = algo.learner(act_space, cfg.env)
     known = agent_fields(learner.config)
-    preset = algo.presets.get(cfg.env, {})
+    preset = algo.presets.get(REFERENCE_IDS.get(cfg.env, cfg.env), {})  # rlstash/X: X's
     given = dict(cfg.agent)
     for key in given:
         if key in LOOP_SETTINGS:

@@ -32,7 +32,7 @@ from rlstash.spec import Field, Spec
 from rlstash.train import algos, checkpoint
 from rlstash.train.config import STORAGES, TrainConfig
 
-DEFAULT_THRESHOLDS = {"Pendulum-v1": -200.0}
+DEFAULT_THRESHOLDS = {"Pendulum-v1": -200.0, "rlstash/Pendulum-v1": -200.0}
 
 
 @dataclass
@@ -90,6 +90,8 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
     info = probe_env(cfg.env, cfg.history)
     cfg, agent_cfg = algos.resolve(cfg, info.act_space)
     device = resolve_device(cfg.device, "device")
+    if is_batched(cfg.env):  # its batches stay on its device: the buffer lives there too
+        cfg = dataclasses.replace(cfg, buffer_device=str(device))
     resolve_device(cfg.buffer_device, "buffer_device")
     step = state["step"] if state else 0
     with contextlib.ExitStack() as undo:  # a refused run closes what it built
@@ -99,7 +101,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
                 top = top.parent
             undo.callback(shutil.rmtree, top, ignore_errors=True)
             run_dir.mkdir(parents=True)
-        env = make_vec_env(cfg.env, cfg.envs, cfg.workers, None, cfg.history)
+        env = make_vec_env(cfg.env, cfg.envs, cfg.workers, None, cfg.history, device)
         undo.callback(env.close)
         if state is None:
             spec = step_spec(info.obs_space, info.act_space)
@@ -182,16 +184,54 @@ def _factory(env_id: str, history: int) -> Any:
     )
 
 
+def is_batched(env_id: str) -> bool:
+    """Whether ``env_id`` is one of rlstash's batched torch envs (``rlstash/CartPole-v1``...)."""
+    from rlstash.envs.batched import ENV_IDS
+
+    return env_id in ENV_IDS
+
+
 def make_vec_env(
-    env_id: str, num_envs: int, workers: int | str, seed: int | None, history: int = 0
+    env_id: str,
+    num_envs: int,
+    workers: int | str,
+    seed: int | None,
+    history: int = 0,
+    device: torch.device | None = None,
 ) -> Any:
-    """A vectorized env: rlstash's ProcessPoolVectorEnv (``workers=0`` steps in-process)."""
+    """A vectorized env: a batched torch env on ``device`` for rlstash's batched ids, else
+    rlstash's ProcessPoolVectorEnv (``workers=0`` steps in-process)."""
     from rlstash.envs import ProcessPoolVectorEnv
+
+    if is_batched(env_id):
+        return _make_batched(env_id, num_envs, workers, history, device)
 
     source = (
         _factory(env_id, history) if history else env_id
     )  # an id: ProcessPoolVectorEnv makes it itself
     return ProcessPoolVectorEnv(source, num_envs=num_envs, num_workers=workers, seed=seed)
+
+
+def _make_batched(
+    env_id: str, num_envs: int, workers: int | str, history: int, device: torch.device | None
+) -> Any:
+    import gymnasium as gym
+
+    from rlstash.envs.batched import REFERENCE_IDS
+
+    if history:
+        raise ValueError(
+            f"history: {env_id} is a batched torch env, which has no observation windows; "
+            f"drop --history or use {REFERENCE_IDS[env_id]}"
+        )
+    if workers not in (0, "auto"):
+        raise ValueError(
+            f"workers: {env_id} steps all its envs in this process on --device, got "
+            f"--workers {workers}; drop --workers (or use {REFERENCE_IDS[env_id]})"
+        )
+    return gym.make_vec(
+        env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", device=device or "cpu"
+    )
 
 
 def make_eval_env(env_id: str, num_envs: int, history: int = 0) -> Any:
@@ -209,9 +249,11 @@ def make_agent(cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, device: torch.de
 
 def make_limiter(cfg: TrainConfig) -> RateLimiter:
     """``gradient_steps`` updates of ``batch_size`` rows per ``train_freq`` env steps, once
-    ``learning_starts`` (and at least a batch) were collected."""
+    ``learning_starts`` (and at least a batch) were collected, and every env took
+    ``n_steps + 1`` steps (before that no n-step transition is complete: with many envs
+    ``learning_starts`` frames can be fewer)."""
     return RateLimiter(
-        min_size=max(cfg.learning_starts, cfg.batch_size),
+        min_size=max(cfg.learning_starts, cfg.batch_size, cfg.envs * (cfg.n_steps + 1)),
         samples_per_insert=cfg.gradient_steps * cfg.batch_size / cfg.train_freq,
         batch_size=cfg.batch_size,
         insert_chunk=collect_frames(cfg),

@@ -38,4 +38,7 @@ ENV_IDS: dict[str, dict] = {
     ),
 }
 
-__all__ = ["ENV_IDS"]
+REFERENCE_IDS = {"rlstash/CartPole-v1": "CartPole-v1", "rlstash/Pendulum-v1": "Pendulum-v1"}
+"""The gymnasium env each batched env reproduces (its presets and thresholds apply)."""
+
+__all__ = ["ENV_IDS", "REFERENCE_IDS"]
