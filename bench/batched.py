@@ -190,7 +190,7 @@ def section_ppo(device: str, quick: bool) -> list[str]:
         import rlstash.agents.ppo  # noqa: F401
     except ImportError:
         return ["PPO: not measured: rlstash.agents.ppo is not in this tree"]
-    r = ppo_to_475(device, budget_s=60.0 if quick else 900.0)
+    r = ppo_to_475(device, budget_s=60.0 if quick else 600.0)
     reached = r["mean_return"] >= 475
     head = ["env", "envs", "T", "reached 475", "env steps", "seconds", "mean return (last 100)"]
     row = ["rlstash/CartPole-v1", "1,024", "16", "yes" if reached else "no (budget)",
