@@ -4,7 +4,7 @@ One update consumes one [T, N] rollout (:class:`rlstash.storage.rollout.RolloutS
 
     old log pi, V(s), V(s')   under the current networks, once for all T * N rows
     A, R = GAE(lambda)        (rlstash.agents.gae; truncated episodes bootstrap from V(final obs))
-    for each of n_epochs epochs, for each shuffled minibatch of batch_size valid-weighted rows:
+    for each of n_epochs epochs, for each shuffled minibatch of minibatch_size valid-weighted rows:
         A_n     = (A - mean A) / (std A + 1e-8)                        per minibatch
         rho     = exp(log pi(a|s) - old log pi(a|s))
         L_pi    = mean max(-A_n rho, -A_n clip(rho, 1 - eps, 1 + eps))
@@ -39,16 +39,17 @@ from rlstash.agents.categorical import log_prob_entropy
 from rlstash.agents.gae import rollout_gae
 from rlstash.agents.normalize import ObsNormalizer, RewardScaler
 from rlstash.agents.policies import CategoricalActorCritic, GaussianActorCritic
+from rlstash.settings import check_types
 from rlstash.storage.rollout import RolloutStorage
 
 # CartPole: rl-baselines3-zoo hyperparams/ppo.yml. MuJoCo: CleanRL's ppo_continuous_action.py.
-_MUJOCO = {"n_steps": 2048, "batch_size": 64, "n_epochs": 10, "learning_rate": 3e-4,
+_MUJOCO = {"rollout_steps": 2048, "minibatch_size": 64, "n_epochs": 10, "learning_rate": 3e-4,
            "anneal_lr": True, "clip_range_vf": 0.2, "norm_obs": True, "norm_reward": True}  # fmt: skip
 PRESETS: dict[str, dict[str, Any]] = {
     "CartPole-v1": {
         "num_envs": 8,
-        "n_steps": 32,
-        "batch_size": 256,
+        "rollout_steps": 32,
+        "minibatch_size": 256,
         "gae_lambda": 0.8,
         "gamma": 0.98,
         "n_epochs": 20,
@@ -68,9 +69,11 @@ class PPOConfig(ConfigMixin):
 
     learning_rate: float = hp(3e-4, "Adam learning rate (start value when annealed).")
     anneal_lr: bool = hp(False, "Anneal the learning rate linearly to 0 over total_steps.")
-    num_envs: int = hp(1, "Envs collected from in parallel (a rollout is n_steps x num_envs).")
-    n_steps: int = hp(2048, "Steps per env per rollout (T).")
-    batch_size: int = hp(64, "Minibatch size (rows of the T x N rollout).")
+    num_envs: int = hp(
+        1, "Envs collected from in parallel (a rollout is rollout_steps x num_envs)."
+    )
+    rollout_steps: int = hp(2048, "Steps per env per rollout, T (SB3: n_steps).")
+    minibatch_size: int = hp(64, "Rows of the T x N rollout per gradient step (SB3: batch_size).")
     n_epochs: int = hp(10, "Passes over each rollout.")
     gamma: float = hp(0.99, "Discount factor.")
     gae_lambda: float = hp(0.95, "GAE lambda.")
@@ -103,7 +106,10 @@ class PPOConfig(ConfigMixin):
 
     def __post_init__(self) -> None:
         self.net_arch = tuple(self.net_arch)
-        check_positive(self, "learning_rate", "num_envs", "n_steps", "batch_size", "n_epochs")
+        check_types(self)
+        check_positive(
+            self, "learning_rate", "num_envs", "rollout_steps", "minibatch_size", "n_epochs"
+        )
         check_positive(self, "clip_range", "max_grad_norm", "action_chunk", "total_steps")
         check_positive(self, "clip_obs", "clip_reward", "adam_eps")
         for name in ("gamma", "gae_lambda"):
@@ -236,7 +242,7 @@ class PPO(AgentBase):
         for _ in range(cfg.n_epochs):
             epochs += 1
             epoch_kl, epoch_batches = torch.zeros((), device=self.device), 0
-            for idx in rollout.minibatches(cfg.batch_size, self.learn_gen):
+            for idx in rollout.minibatches(cfg.minibatch_size, self.learn_gen):
                 stats = self._minibatch(data, idx.to(self.device), clip)  # [len(METRICS)]
                 sums += stats
                 epoch_kl += stats[3]
@@ -336,7 +342,7 @@ class PPO(AgentBase):
     ) -> torch.Tensor:
         """log pi(a|s) of the behaviour policy, in pieces of a minibatch (bounded memory)."""
         huge = self.n_actions is not None and self.n_actions > self.config.action_chunk
-        size, parts = (self.config.batch_size if huge else 4096), []
+        size, parts = (self.config.minibatch_size if huge else 4096), []
         for start in range(0, x.shape[0], size):
             sl = slice(start, start + size)
             m = None if mask is None else ActionMask(mask.mask[sl], self.n_actions)

@@ -1,4 +1,5 @@
-"""Observation windows for history agents (torch-free: env workers import this module).
+"""Env factories for workers (torch-free: env workers import this module): observation windows
+for history agents, and clipped actions for Gaussian PPO.
 
 ``make_windowed(env_id, k)`` is ``gym.make(env_id)`` wrapped in gymnasium's
 ``FrameStackObservation(k, padding_type="reset")``: each observation is the env's last k
@@ -21,3 +22,12 @@ def make_windowed(env_id: str, window: int, **kwargs: Any) -> Any:
     if isinstance(window, bool) or not isinstance(window, int) or window < 2:
         raise ValueError(f"window: expected an int >= 2, got {window!r}")
     return FrameStackObservation(gym.make(env_id, **kwargs), window, padding_type="reset")
+
+
+def make_clipped(env_id: str, **kwargs: Any) -> Any:
+    """``gym.make(env_id, **kwargs)`` wrapped in ``ClipAction``: a Gaussian policy's unbounded
+    samples are clipped to the action space by the env (as CleanRL does for PPO)."""
+    import gymnasium as gym
+    from gymnasium.wrappers import ClipAction
+
+    return ClipAction(gym.make(env_id, **kwargs))

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from rlstash.agents.dqn import DQN, DQNConfig
+from rlstash.agents.ppo import PPO, PPOConfig
 from rlstash.agents.sac import SAC, SACConfig
 from rlstash.agents.sac_discrete import DiscreteSAC, DiscreteSACConfig
 from rlstash.envs.batched import REFERENCE_IDS
@@ -235,5 +236,31 @@ register(
         ),  # fmt: skip
         presets=SAC_PRESETS,
         help="SAC (1-D Box actions) or discrete SAC (Discrete actions)",
+    )
+)
+
+
+def _build_ppo(obs_shape: tuple[int, ...], act_space: Any, config: Any, device: torch.device):
+    from gymnasium import spaces
+
+    if isinstance(act_space, spaces.Discrete):
+        return PPO(obs_shape, int(act_space.n), config=config, device=device)
+    return PPO(obs_shape, bounds=(act_space.low, act_space.high), config=config, device=device)
+
+
+# PPO collects a rollout and updates on it (rlstash.train.onpolicy): it has no replay, so the
+# replay settings are unused (None); its rollout and minibatch sizes are agent settings
+# (rollout_steps, minibatch_size, num_envs). Presets: PPOConfig.PRESETS (CartPole-v1: the RL
+# Zoo's; MuJoCo: CleanRL's ppo_continuous_action).
+register(
+    Algo(
+        "ppo",
+        {
+            "discrete": Learner(PPOConfig, _build_ppo),
+            "continuous": Learner(PPOConfig, _build_ppo),
+        },
+        loop=dict.fromkeys(LOOP_SETTINGS),
+        presets={env: dict(p) for env, p in PPOConfig.PRESETS.items()},
+        help="PPO (Discrete or 1-D Box actions; on-policy: rollouts, no replay)",
     )
 )

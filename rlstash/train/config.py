@@ -30,7 +30,9 @@ class TrainConfig:
 
     # what to train
     algo: str = s(
-        "dqn", "Algorithm: dqn, or sac (continuous or discrete, by the env's actions).", group="run"
+        "dqn",
+        "Algorithm: dqn, sac (continuous or discrete, by the env's actions) or ppo (both).",
+        group="run",
     )
     env: str = s("CartPole-v1", "Gymnasium env id.", group="run")
     steps: int = s(100_000, "Env steps at most.", group="run")

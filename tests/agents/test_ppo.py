@@ -74,7 +74,9 @@ def _reference_losses(agent, data, idx, clip):
 
 @pytest.mark.parametrize("clip_vf", [None, 0.1])
 def test_minibatch_losses_equal_a_dense_reference(clip_vf):
-    agent = PPO((3,), N_ACT, config=PPOConfig(net_arch=(8,), clip_range_vf=clip_vf, batch_size=24))
+    agent = PPO(
+        (3,), N_ACT, config=PPOConfig(net_arch=(8,), clip_range_vf=clip_vf, minibatch_size=24)
+    )
     ro = _rollout()
     ro.valid.fill_(True)  # every row weighs 1, as in the reference
     data = agent.prepare(ro)
@@ -89,7 +91,7 @@ def test_minibatch_losses_equal_a_dense_reference(clip_vf):
 
 
 def test_clipped_rows_give_no_policy_gradient():
-    agent = PPO((3,), N_ACT, config=PPOConfig(net_arch=(8,), batch_size=24, vf_coef=0.0))
+    agent = PPO((3,), N_ACT, config=PPOConfig(net_arch=(8,), minibatch_size=24, vf_coef=0.0))
     data = agent.prepare(_rollout())
     _perturb(agent, scale=2.0)
     net = agent.nets["policy"]
@@ -110,7 +112,7 @@ def test_clipped_rows_give_no_policy_gradient():
 
 def test_target_kl_stops_the_epochs_early():
     ro = _rollout(T=16, N=4)
-    base = {"net_arch": (16,), "batch_size": 16, "n_epochs": 8, "learning_rate": 0.05}
+    base = {"net_arch": (16,), "minibatch_size": 16, "n_epochs": 8, "learning_rate": 0.05}
     free = PPO((3,), N_ACT, config=PPOConfig(**base))
     assert free.update(ro)["epochs"] == 8
     capped = PPO((3,), N_ACT, config=PPOConfig(target_kl=1e-6, **base))
@@ -121,7 +123,7 @@ def test_target_kl_stops_the_epochs_early():
 
 
 def test_metrics_stay_tensors_and_annealing_follows_env_steps():
-    agent = PPO((3,), N_ACT, config=PPOConfig(net_arch=(8,), batch_size=8, n_epochs=2,
+    agent = PPO((3,), N_ACT, config=PPOConfig(net_arch=(8,), minibatch_size=8, n_epochs=2,
                                               anneal_lr=True, anneal_clip_range=True,
                                               total_steps=100))  # fmt: skip
     agent.env_steps = 25
@@ -135,7 +137,7 @@ def test_metrics_stay_tensors_and_annealing_follows_env_steps():
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_masks_are_honoured_in_act_and_update(packed):
-    agent = PPO((3,), N_ACT, config=PPOConfig(net_arch=(8,), batch_size=24, action_chunk=2))
+    agent = PPO((3,), N_ACT, config=PPOConfig(net_arch=(8,), minibatch_size=24, action_chunk=2))
     g = torch.Generator().manual_seed(3)
     m = torch.rand(6, 4, N_ACT, generator=g) < 0.5
     m[..., 1] = True
@@ -188,7 +190,7 @@ def test_chunked_head_equals_dense_head_values_and_gradients(use_mask):
 
 def test_hundred_thousand_actions_update_without_dense_scores():
     n = 100_000
-    cfg = PPOConfig(net_arch=(16,), batch_size=32, n_epochs=1, action_chunk=4096)
+    cfg = PPOConfig(net_arch=(16,), minibatch_size=32, n_epochs=1, action_chunk=4096)
     agent = PPO((3,), n, config=cfg)
     ro = _rollout(T=8, N=4, n=n)
     before = agent.nets["policy"].head.weight.detach().clone()
@@ -216,7 +218,7 @@ def test_running_mean_std_equals_numpy_over_all_batches():
 
 
 def test_normalisation_statistics_round_trip_through_a_checkpoint():
-    cfg = PPOConfig(net_arch=(8,), batch_size=12, n_epochs=1, norm_obs=True, norm_reward=True)
+    cfg = PPOConfig(net_arch=(8,), minibatch_size=12, n_epochs=1, norm_obs=True, norm_reward=True)
     agent = PPO((3,), N_ACT, config=cfg)
     for seed in range(3):
         agent.update(_rollout(seed=seed))
@@ -308,11 +310,13 @@ def test_ppo_learns_cartpole_quickly():
     agent = PPO((4,), 2, config=cfg)
     spec = Spec({"obs": ((4,), "float32"), "action": ((), "int64")})
     with ProcessPoolVectorEnv("CartPole-v1", num_envs=cfg.num_envs, num_workers=0, seed=0) as env:
-        collector = Collector(env, agent.act, cfg.n_steps * cfg.num_envs)
-        rollout = RolloutStorage(spec, cfg.n_steps, cfg.num_envs, same_step=collector.same_step)
+        collector = Collector(env, agent.act, cfg.rollout_steps * cfg.num_envs)
+        rollout = RolloutStorage(
+            spec, cfg.rollout_steps, cfg.num_envs, same_step=collector.same_step
+        )
         steps = 0
         while steps < 60_000 and not collector.stats.mean_return(20) >= 200:
             rollout.add(collector.collect(), collector.next_obs)
             agent.update(rollout)
-            steps += cfg.n_steps * cfg.num_envs
+            steps += cfg.rollout_steps * cfg.num_envs
     assert collector.stats.mean_return(20) >= 200, (steps, collector.stats.mean_return(20))

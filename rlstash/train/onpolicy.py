@@ -1,0 +1,231 @@
+"""The on-policy training loop (PPO): how collection and updates alternate, in one place.
+
+::
+
+    while step < steps and not solved:
+        batch = collector.collect()               # T steps of N envs, by the current policy
+        rollout.add(batch, collector.next_obs)    # [T, N] where the env data arrives (+ obs after)
+        metrics = agent.update(rollout)           # n_epochs of shuffled minibatches, then done
+        step += T * N
+        evaluate / checkpoint / log at their intervals (excluded from train_seconds)
+
+Collection and learning strictly alternate: each rollout is collected by exactly the policy
+that is then updated on it, and is used by that one update only (no replay buffer, no rate
+limiter: ``samples_per_insert`` is fixed at ``n_epochs`` by construction). N is ``--envs``
+when given (> 1), else the agent's ``num_envs`` (the env's preset: 8 for CartPole-v1); T is
+``rollout_steps``. The stopping rule, evaluation, checkpoints (agent with its normalisation
+statistics, counters and RNG states), plots and telemetry are those of
+:mod:`rlstash.train.loop`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlstash.collect.sync import Collector
+from rlstash.envs import ProcessPoolVectorEnv
+from rlstash.spec import Field, Spec
+from rlstash.storage.rollout import RolloutStorage
+from rlstash.train import algos, builders, checkpoint
+
+ALGOS = ("ppo",)
+
+
+@dataclass
+class OnPolicyRun:
+    """The objects of one on-policy run, built (or restored) before the first step."""
+
+    cfg: Any  # resolved TrainConfig
+    run_dir: Path
+    threshold: float | None
+    device: torch.device
+    env: Any
+    agent: Any
+    rollout: RolloutStorage
+    collector: Collector
+    eval_collector: Collector
+    step: int = 0
+    train_seconds: float = 0.0
+    evals: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def frames_per_collect(self) -> int:
+        return self.collector.steps_per_batch * self.collector.num_envs
+
+    def describe(self) -> str:
+        from rlstash.agents.nets import param_bytes
+        from rlstash.diag.memory import human_bytes
+
+        nets = param_bytes(*self.agent.nets.values())
+        return (
+            f"rollout: {self.rollout.steps} steps x {self.rollout.num_envs} envs, "
+            f"{human_bytes(self.rollout.nbytes)} on {self.rollout.device}\n"
+            f"networks: {human_bytes(nets)} of parameters on {self.agent.device} "
+            "(x~4 with Adam state and gradients)"
+        )
+
+    def close(self) -> None:
+        self.env.close()
+        self.eval_collector.env.close()
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint holds (no buffer: a rollout is used once)."""
+        return {
+            "step": self.step,
+            "train_seconds": self.train_seconds,
+            "config": dataclasses.asdict(self.cfg),
+            "agent": self.agent.state_dict(),
+            "evals": self.evals,
+        }
+
+
+def build_onpolicy_run(cfg: Any, run_dir: Path, state: dict[str, Any] | None = None) -> OnPolicyRun:
+    """Env, agent, rollout storage and collectors of an on-policy run (module docstring);
+    settings are checked before ``run_dir`` is created, a run refused later removes it."""
+    torch.set_num_threads(cfg.torch_threads)
+    if cfg.history:
+        raise ValueError(f"history: not supported by --algo {cfg.algo}; drop --history")
+    info = builders.probe_env(cfg.env)
+    given = dict(cfg.agent)
+    cfg, agent_cfg = algos.resolve(cfg, info.act_space)
+    _check_loop_settings(cfg)
+    if "total_steps" not in given:  # anneal over this run unless told otherwise
+        agent_cfg = dataclasses.replace(agent_cfg, total_steps=cfg.steps)
+        cfg = dataclasses.replace(cfg, agent={**cfg.agent, "total_steps": cfg.steps})
+    device = builders.resolve_device(cfg.device, "device")
+    step = state["step"] if state else 0
+    with contextlib.ExitStack() as undo:  # a refused run closes what it built
+        if not run_dir.exists():
+            top = run_dir
+            while not top.parent.exists():
+                top = top.parent
+            undo.callback(shutil.rmtree, top, ignore_errors=True)
+            run_dir.mkdir(parents=True)
+        num_envs = cfg.envs if cfg.envs > 1 else agent_cfg.num_envs
+        source = _env_source(cfg.env, info.act_space, agent_cfg)
+        # same-step autoreset: every row a real step (next-step mode spends a row per episode
+        # end on a reset step); final observations come with the batch for bootstrapping
+        env = ProcessPoolVectorEnv(
+            source, num_envs=num_envs, num_workers=cfg.workers, autoreset_mode="same_step"
+        )
+        undo.callback(env.close)
+        agent = builders.make_agent(cfg, agent_cfg, info, device)
+        frames = agent_cfg.rollout_steps * num_envs
+        collector = Collector(env, agent.act, frames, device=agent.act_device, seed=cfg.seed + step)
+        rollout = RolloutStorage(
+            _step_spec(info.obs_space, info.act_space), agent_cfg.rollout_steps, num_envs,
+            same_step=collector.same_step,
+        )  # fmt: skip
+        n_eval = min(cfg.eval_episodes, 10)
+        eval_env = ProcessPoolVectorEnv(source, num_envs=n_eval, num_workers=0)
+        undo.callback(eval_env.close)
+        eval_collector = Collector(eval_env, agent.act, n_eval, device=agent.act_device)
+        threshold = cfg.threshold
+        if threshold is None:
+            threshold = builders.DEFAULT_THRESHOLDS.get(cfg.env, info.threshold)
+        run = OnPolicyRun(cfg, run_dir, threshold, device, env, agent, rollout, collector,
+                          eval_collector)  # fmt: skip
+        if state is not None:
+            agent.load_state_dict(state["agent"])
+            run.step, run.train_seconds, run.evals = step, state["train_seconds"], state["evals"]
+        undo.pop_all()
+    return run
+
+
+def _check_loop_settings(cfg: Any) -> None:
+    """Refuse what an on-policy run has no use for (replay settings)."""
+    if cfg.storage != "ram":
+        raise ValueError(
+            f"storage: --algo {cfg.algo} keeps one rollout in memory and has no replay "
+            f"storage; drop --storage {cfg.storage}"
+        )
+    for name, instead in (("batch_size", "minibatch_size"), ("n_steps", "rollout_steps"),
+                          ("buffer_size", None), ("learning_starts", None),
+                          ("train_freq", "rollout_steps"), ("gradient_steps", "n_epochs")):  # fmt: skip
+        if getattr(cfg, name) is not None:
+            fix = f"give --{instead.replace('_', '-')} instead" if instead else "drop it"
+            raise ValueError(f"{name}: a replay setting, not used by --algo {cfg.algo}; {fix}")
+
+
+def _env_source(env_id: str, act_space: Any, agent_cfg: Any) -> Any:
+    """The env id, or a factory adding ClipAction for a Gaussian policy with bound 'clip'."""
+    from gymnasium import spaces
+
+    from rlstash.envs.history import make_clipped
+
+    if isinstance(act_space, spaces.Box) and agent_cfg.bound == "clip":
+        return functools.partial(make_clipped, env_id)
+    return env_id
+
+
+def _step_spec(obs_space: Any, act_space: Any) -> Spec:
+    from gymnasium import spaces
+
+    obs = Field(tuple(obs_space.shape), obs_space.dtype)
+    if isinstance(act_space, spaces.Discrete):
+        return Spec({"obs": obs, "action": Field((), torch.int64)})
+    return Spec({"obs": obs, "action": Field(tuple(act_space.shape), torch.float32)})
+
+
+def run_loop(run: OnPolicyRun, log: Any) -> Any:
+    """The loop of the module docstring; returns a :class:`rlstash.train.loop.TrainResult`."""
+    from rlstash.train.loop import TrainResult, _evaluate, _progress_row, _solved
+    from rlstash.train.runlog import plot_learning_curve
+
+    cfg, agent = run.cfg, run.agent
+    log.info(f"run directory: {run.run_dir}")
+    log.info(run.describe())
+    if run.step:
+        log.info(f"resumed at step {run.step}")
+    next_eval = (run.step // cfg.eval_every + 1) * cfg.eval_every
+    next_ckpt = (run.step // cfg.checkpoint_every + 1) * cfg.checkpoint_every
+    metrics: dict[str, Any] = {}
+    last_log = 0.0
+    solved = _solved(run)
+    try:
+        while run.step < cfg.steps and not solved:
+            t0 = time.perf_counter()
+            run.rollout.add(run.collector.collect(), run.collector.next_obs)
+            metrics = agent.update(run.rollout)
+            run.step += run.frames_per_collect
+            run.train_seconds += time.perf_counter() - t0
+            if time.monotonic() - last_log > 1.0:  # device metrics are read only here
+                last_log = time.monotonic()
+                log.log(run.step, _progress_row(run, _host(metrics)))
+            if run.step >= next_eval:
+                next_eval += cfg.eval_every * math.ceil((run.step - next_eval + 1) / cfg.eval_every)
+                _evaluate(run, log)
+                solved = _solved(run)
+            if run.step >= next_ckpt:
+                next_ckpt += cfg.checkpoint_every
+                checkpoint.save(run.run_dir, run.state())
+    except KeyboardInterrupt:
+        log.info(f"interrupted at step {run.step}; writing a checkpoint")
+        checkpoint.save(run.run_dir, run.state())
+        raise
+    ckpt = checkpoint.save(run.run_dir, run.state())
+    plot = plot_learning_curve(run.run_dir, run.threshold)
+    last = run.evals[-1]["return_mean"] if run.evals else float("nan")
+    verdict = "solved" if solved else "stopped"
+    log.info(
+        f"{verdict} at step {run.step} after {run.train_seconds:.1f} s of training (last evaluation {last:.1f})"
+    )
+    log.info(f"checkpoint: {ckpt}")
+    if plot is not None:
+        log.info(f"learning curve: {plot}")
+    return TrainResult(run.run_dir, run.step, run.train_seconds, solved, last, ckpt, plot)
+
+
+def _host(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Device metrics as host floats (one synchronization, when a progress row is written)."""
+    return {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in metrics.items()}
