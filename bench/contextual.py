@@ -190,18 +190,112 @@ def run(
     }  # fmt: skip
 
 
-def benchmark(spawn: Callable[[dict], dict], steps: int = 4096, seed: int = 0) -> dict:
-    """Each (size, form) in a fresh process via ``spawn``; results keyed "n/form"."""
+PPO_SUMMARY = (
+    "The same task and action features; PPO (net (64, 64) tanh, embedding head over the fixed "
+    "features, rollouts of 8 steps x 16 contexts = 128 rows, 4 epochs of minibatches of 64, "
+    "lr 3e-3, ent_coef 0) with its chunked update (log pi(a|s) by a gather minus a chunked "
+    "logsumexp, entropy streamed, chunks of 8,192 actions) vs the same networks with the dense "
+    "one-hot formulation (full [B, n] logits, one_hot(a) * log_softmax summed); each in a fresh "
+    "process, VmHWM reset after one warm-up update."
+)
+
+
+def onehot_log_prob_entropy(agent: Any) -> Callable[..., Any]:
+    """The dense one-hot formulation of PPO's log pi(a|s) and entropy (comparison only)."""
+    import torch
+    import torch.nn.functional as F
+
+    net, n = agent.nets["policy"], agent.n_actions
+
+    def log_prob_entropy(x: Any, action: Any, mask: Any = None) -> tuple[Any, Any]:
+        logp_all = torch.log_softmax(net.head.scores(net.embed(x)), 1)  # [B, n]
+        logp = (F.one_hot(action, n).float() * logp_all).sum(1)  # [B]
+        return logp, -(logp_all.exp() * logp_all).sum(1)
+
+    return log_prob_entropy
+
+
+def run_ppo(
+    form: str, n_actions: int = 100_000, steps: int = 4096, seed: int = 0, eval_every: int = 256,
+    learning_rate: float = 3e-3,
+) -> dict[str, Any]:  # fmt: skip
+    """Train PPO for ``steps`` env steps: rollouts of 8 x 16 one-step episodes, one update each."""
+    import torch
+
+    from rlstash.agents.ppo import PPO, PPOConfig
+    from rlstash.spec import Spec
+    from rlstash.storage.rollout import RolloutStorage
+
+    if form not in FORMS:
+        raise ValueError(f"form: expected one of {FORMS}, got {form!r}")
+    torch.set_num_threads(1)
+    env = ContextualEnv(n_actions, task_seed=seed)
+    T, C = 8, N_CONTEXTS
+    cfg = PPOConfig(
+        net_arch=(64, 64), action_head="embedding", learn_action_embeddings=False,
+        rollout_steps=T, minibatch_size=64, n_epochs=4, learning_rate=learning_rate, seed=seed,
+        total_steps=steps,
+    )  # fmt: skip
+    agent = PPO((C,), n_actions, config=cfg, action_features=torch.from_numpy(env.features))
+    if form == "onehot":
+        agent.log_prob_entropy = onehot_log_prob_entropy(agent)
+    spec = Spec({"obs": ((C,), "float32"), "action": ((), "int64")})
+    rollout = RolloutStorage(spec, T, C, same_step=True)  # one-step episodes: final obs = obs
+    rng = np.random.default_rng(seed)
+    contexts = np.arange(C)
+    all_obs = torch.from_numpy(env.observe(contexts))  # [C, C]
+    rss_before = _rss_kib("VmRSS")
+    curve: list[list[float]] = []
+    train_s, updates, step, reset_ok = 0.0, 0, 0, True
+    update_times: list[float] = []
+    while step < steps:
+        t0 = time.perf_counter()
+        ctx = np.stack([rng.permutation(contexts) for _ in range(T)])  # [T, C]
+        obs = all_obs[torch.from_numpy(ctx)]  # [T, C, C]
+        action = agent.act(obs.reshape(T * C, C)).reshape(T, C)  # [T, C] int64
+        reward = env.reward(ctx.reshape(-1), action.reshape(-1).numpy()).astype(np.float32)
+        done = torch.ones(T, C, dtype=torch.bool)
+        rollout.add({"obs": obs, "action": action, "reward": torch.from_numpy(reward).reshape(T, C),
+                     "terminated": done, "truncated": ~done, "final_obs": obs}, obs[-1])  # fmt: skip
+        step += T * C
+        t1 = time.perf_counter()
+        agent.update(rollout)
+        update_times.append(time.perf_counter() - t1)
+        updates += 1
+        if updates == 1:
+            reset_ok = _reset_high_water()  # the warm-up update allocated grads and Adam
+        train_s += time.perf_counter() - t0
+        if step % eval_every == 0:
+            greedy = agent.act(all_obs, deterministic=True).numpy()  # [C]
+            curve.append([step, train_s, float(env.reward(contexts, greedy).mean()),
+                          float((greedy == env.best).mean())])  # fmt: skip
+    peak = _rss_kib("VmHWM")
+    return {
+        "form": form, "n_actions": n_actions, "steps": steps, "updates": updates,
+        "curve": curve, "train_seconds": train_s,
+        "s_per_update": float(np.median(update_times)) if update_times else math.nan,
+        "rss_before_mib": rss_before / 1024, "peak_rss_mib": peak / 1024,
+        "peak_extra_mib": (peak - rss_before) / 1024, "high_water_reset": reset_ok,
+        "settings": {"net_arch": [64, 64], "rollout": [T, C], "minibatch_size": 64,
+                     "n_epochs": 4, "learning_rate": learning_rate},
+    }  # fmt: skip
+
+
+def benchmark(
+    spawn: Callable[[dict], dict], steps: int = 4096, seed: int = 0, part: str = "contextual"
+) -> dict:
+    """Each (size, form) in a fresh process via ``spawn``; results keyed "n/form".
+    ``part``: "contextual" (discrete SAC, :func:`run`) or "ppo_contextual" (:func:`run_ppo`)."""
     out: dict[str, Any] = {}
     for n in SIZES:
         for form in FORMS:
-            task = {"part": "contextual", "args": {"form": form, "n_actions": n, "steps": steps,
-                                                   "seed": seed}}  # fmt: skip
+            task = {"part": part, "args": {"form": form, "n_actions": n, "steps": steps,
+                                           "seed": seed}}  # fmt: skip
             start = time.time()
             res = spawn(task)
             out[f"{n}/{form}"] = res
             last = res.get("curve", [[0, 0, math.nan, math.nan]])[-1]
-            print(f"contextual {n} {form}: {res.get('error', '')} return {last[2]:.3f} "
+            print(f"{part} {n} {form}: {res.get('error', '')} return {last[2]:.3f} "
                   f"hit {last[3]:.2f} peak extra {res.get('peak_extra_mib', math.nan):.0f} MiB "
                   f"({time.time() - start:.0f} s)", flush=True)  # fmt: skip
     return out

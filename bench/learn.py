@@ -4,13 +4,16 @@
     python3 bench/learn.py                           # everything; writes bench/results/learn.md
     python3 bench/learn.py --parts dqn --seeds 0     # one part, one seed (results merged)
     python3 bench/learn.py --parts contextual        # discrete SAC, 100,000 actions
+    python3 bench/learn.py --parts ppo,ppo_contextual  # PPO CartPole; PPO with 100,000 actions
 
 Runs in ``.venv-bench`` (re-executes itself there; creates it with bench/setup_env.py when
 missing). Parts:
 
 - ``dqn``: DQN on CartPole-v1, budget 50,000 env steps, threshold 475;
 - ``sac``: SAC on Pendulum-v1, budget 20,000 env steps, threshold -200;
-- ``contextual``: discrete SAC on bench/contextual.py's 100,000-action task, chunked vs one-hot.
+- ``contextual``: discrete SAC on bench/contextual.py's 100,000-action task, chunked vs one-hot;
+- ``ppo``: PPO on CartPole-v1, budget 100,000 env steps (the RL Zoo's), threshold 475;
+- ``ppo_contextual``: PPO on the same 100,000-action task, chunked vs one-hot (peak memory).
 
 Method (dqn, sac): every run is a fresh subprocess with one torch thread and CUDA hidden;
 runs are interleaved (rlstash seed 0, SB3 seed 0, rlstash seed 1, ...). Both sides evaluate
@@ -51,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 TASKS = {
     "dqn": {"env": "CartPole-v1", "threshold": 475.0, "budget": 50_000},
     "sac": {"env": "Pendulum-v1", "threshold": -200.0, "budget": 20_000},
+    "ppo": {"env": "CartPole-v1", "threshold": 475.0, "budget": 100_000, "goal_time": 0.5},
 }
 # rl-baselines3-zoo hyperparams/dqn.yml and sac.yml (SB3 defaults for everything else).
 ZOO = {
@@ -68,6 +72,20 @@ ZOO = {
         "policy_kwargs": {"net_arch": [256, 256]},
     },
     "sac": {"learning_rate": 1e-3},
+    # hyperparams/ppo.yml CartPole-v1 (lin_X: X * progress_remaining); SB3's MlpPolicy: separate
+    # (64, 64) tanh policy and value nets, orthogonal init, Adam eps 1e-5 -- rlstash's preset
+    # is the same, so "identical settings" and "each side's preset" are one comparison here.
+    "ppo": {
+        "n_envs": 8,
+        "n_steps": 32,
+        "batch_size": 256,
+        "gae_lambda": 0.8,
+        "gamma": 0.98,
+        "n_epochs": 20,
+        "ent_coef": 0.0,
+        "learning_rate": "lin_0.001",
+        "clip_range": "lin_0.2",
+    },  # fmt: skip
 }
 EVAL_EVERY = 1000
 EVAL_EPISODES = 10
@@ -144,8 +162,11 @@ def run_sb3(algo: str, seed: int, budget: int) -> dict:
                 self.excluded += time.perf_counter() - t0
             return True
 
-    cls = DQN if algo == "dqn" else SAC
-    model = cls("MlpPolicy", gym.make(env_id), seed=seed, device="cpu", verbose=0, **ZOO[algo])
+    if algo == "ppo":
+        model = _sb3_ppo(env_id, seed)
+    else:
+        cls = DQN if algo == "dqn" else SAC
+        model = cls("MlpPolicy", gym.make(env_id), seed=seed, device="cpu", verbose=0, **ZOO[algo])
     clock = EvalClock()
     start = time.perf_counter()
     model.learn(total_timesteps=budget, callback=clock)
@@ -155,14 +176,29 @@ def run_sb3(algo: str, seed: int, budget: int) -> dict:
             "wall_seconds": wall, "settings": ZOO[algo]}  # fmt: skip
 
 
+def _sb3_ppo(env_id: str, seed: int):  # noqa: ANN202
+    """SB3's PPO with the RL Zoo's CartPole settings (its n_envs DummyVecEnv, lin_ schedules)."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    kw = dict(ZOO["ppo"])
+    env = make_vec_env(env_id, n_envs=kw.pop("n_envs"), seed=seed)
+    for key in ("learning_rate", "clip_range"):
+        if isinstance(kw[key], str) and kw[key].startswith("lin_"):
+            start = float(kw[key][4:])
+            kw[key] = lambda progress, start=start: progress * start
+    return PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kw)
+
+
 def worker(task: dict) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    if task["part"] == "contextual":
+    if task["part"] in ("contextual", "ppo_contextual"):
         import contextual
 
-        return contextual.run(**task["args"])
+        fn = contextual.run if task["part"] == "contextual" else contextual.run_ppo
+        return fn(**task["args"])
     fn = run_rlstash if task["lib"] == "rlstash" else run_sb3
     return fn(task["algo"], task["seed"], task["budget"])
 
@@ -258,15 +294,17 @@ def learning_section(algo: str, part: dict) -> list[str]:
         (rs, rt), (ss, st) = med["rlstash"], med["sb3"]
         rows.append([label, _cell(rs, ",.0f"), _cell(ss, ",.0f"), _ratio(rs, ss),
                      _cell(rt, ".1f"), _cell(st, ".1f"), _ratio(rt, st)])  # fmt: skip
+        goal_time = task.get("goal_time", GOAL_TIME)
         if key != "solved":
-            ok = not math.isinf(rs) and rs <= ss and rt <= GOAL_TIME * st
+            ok = not math.isinf(rs) and rs <= ss and rt <= goal_time * st
             goals.append(f"- {label}: steps {_cell(rs, ',.0f')} vs {_cell(ss, ',.0f')}, seconds "
-                         f"{_cell(rt, '.1f')} vs {GOAL_TIME} x {_cell(st, '.1f')}: "
+                         f"{_cell(rt, '.1f')} vs {goal_time} x {_cell(st, '.1f')}: "
                          f"**{'met' if ok else 'missed'}**")  # fmt: skip
     lines.append("Medians over seeds (never = +inf):")
     lines += ["", markdown_table(["point", "rlstash steps", "SB3 steps", "ratio", "rlstash s",
                                   "SB3 s", "ratio"], rows), ""]  # fmt: skip
-    lines += ["Goal (rlstash <= SB3 env steps and <= 0.7x its training seconds):", "", *goals, ""]
+    lines += [f"Goal (rlstash <= SB3 env steps and <= {task.get('goal_time', GOAL_TIME)}x its "
+              "training seconds):", "", *goals, ""]  # fmt: skip
     per_run = []
     for seed in sorted({s for lib in LIBS for s in runs[lib]}, key=int):
         for lib in LIBS:
@@ -292,12 +330,12 @@ def learning_section(algo: str, part: dict) -> list[str]:
     return lines + [""]
 
 
-def contextual_section(part: dict) -> list[str]:
+def contextual_section(part: dict, algo: str = "Discrete SAC") -> list[str]:
     import contextual
     from common import markdown_table
 
-    lines = ["## Discrete SAC, 100,000 actions (bench/contextual.py)", ""]
-    lines += [contextual.SUMMARY, ""]
+    lines = [f"## {algo}, 100,000 actions (bench/contextual.py)", ""]
+    lines += [contextual.SUMMARY if algo == "Discrete SAC" else contextual.PPO_SUMMARY, ""]
     rows, curves = [], []
     for key, r in part.items():
         if "error" in r:
@@ -333,6 +371,8 @@ def write_report(results: dict) -> Path:
             lines += learning_section(algo, results[algo])
     if "contextual" in results:
         lines += contextual_section(results["contextual"])
+    if "ppo_contextual" in results:
+        lines += contextual_section(results["ppo_contextual"], "PPO")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n" + NOTES_MARKER + notes)
     return out
@@ -373,7 +413,7 @@ def run_learning(algo: str, seeds: list[int], budget: int, results: dict) -> Non
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default="dqn,sac,contextual")
+    parser.add_argument("--parts", default="dqn,sac,contextual,ppo,ppo_contextual")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--budget", type=int, default=None, help="env steps (default per part)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -385,17 +425,19 @@ def main() -> None:
 
     ensure_bench_venv(__file__)
     parts = [p for p in args.parts.split(",") if p]
-    unknown = sorted(set(parts) - {*TASKS, "contextual"})
+    unknown = sorted(set(parts) - {*TASKS, "contextual", "ppo_contextual"})
     if unknown:
-        raise SystemExit(f"--parts: unknown {unknown}; expected dqn, sac, contextual")
+        raise SystemExit(
+            f"--parts: unknown {unknown}; expected dqn, sac, ppo, contextual, ppo_contextual"
+        )
     seeds = [int(s) for s in args.seeds.split(",") if s]
     results = load_results()
     results["machine"] = machine()
     for part in parts:
-        if part == "contextual":
+        if part in ("contextual", "ppo_contextual"):
             import contextual
 
-            results["contextual"] = contextual.benchmark(lambda t: spawn(t, timeout=7200))
+            results[part] = contextual.benchmark(lambda t: spawn(t, timeout=7200), part=part)
         else:
             run_learning(part, seeds, args.budget or TASKS[part]["budget"], results)
         save_results(results)

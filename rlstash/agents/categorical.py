@@ -86,10 +86,10 @@ def log_prob_entropy(
     if head.n > chunk:
         lse, entropy = logsumexp_entropy(head, u, chunk, mask)
         return head.score_actions(u, actions) - lse, entropy
-    logits = head.scores(u)  # [B, n]
+    logits = torch.nn.functional.linear(u, head.table(), head.bias())  # [B, n]
     if mask is not None:
         logits = logits.masked_fill(~mask.chunk(0, head.n), float("-inf"))
     logp_all = torch.log_softmax(logits, dim=1)  # [B, n]
-    p = logp_all.exp()
-    entropy = -(p * torch.where(p > 0, logp_all, torch.zeros_like(logp_all))).sum(1)  # [B]
+    finite = logp_all if mask is None else logp_all.masked_fill(~mask.chunk(0, head.n), 0.0)
+    entropy = -(logp_all.exp() * finite).sum(1)  # [B]; 0 log 0 = 0 for masked actions
     return logp_all.gather(1, actions[:, None]).squeeze(1), entropy

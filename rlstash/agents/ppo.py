@@ -36,6 +36,7 @@ import torch
 from rlstash.agents.actions import ActionFeatures, ActionMask, chunked_argmax, gumbel_scores
 from rlstash.agents.base import AgentBase, ConfigMixin, check_positive, hp, seeded_init
 from rlstash.agents.categorical import log_prob_entropy
+from rlstash.agents.flat import FlatParams
 from rlstash.agents.gae import rollout_gae
 from rlstash.agents.normalize import ObsNormalizer, RewardScaler
 from rlstash.agents.policies import CategoricalActorCritic, GaussianActorCritic
@@ -174,7 +175,7 @@ class PPO(AgentBase):
             )
         if cfg.norm_reward:
             nets["reward_scaler"] = RewardScaler(cfg.gamma, cfg.clip_reward)
-        self._setup(nets, names, {"policy": lambda: _adam(self.nets["policy"], cfg)})
+        self._setup(nets, names, {"policy": self._flat_adam})
 
     # --- acting ----------------------------------------------------------------------------
 
@@ -198,6 +199,13 @@ class PPO(AgentBase):
             action = net.sample(x, self.act_gen, deterministic)  # [N, act_dim]
         else:
             amask = self._prepare_mask(mask, self.n_actions, rows)
+            if amask is None and self.n_actions <= self.config.action_chunk:  # small: dense
+                logits = torch.nn.functional.linear(net.embed(x), net.head.table(), net.head.bias())
+                self.env_steps += 0 if deterministic else rows
+                if deterministic:
+                    return logits.argmax(1)
+                probs = torch.softmax(logits, 1)  # [N, n]
+                return torch.multinomial(probs, 1, generator=self.act_gen).squeeze(1)
             logit_fn = net.head.score_fn(net.embed(x))  # chunks of [N, c]
             if not deterministic:
                 logit_fn = gumbel_scores(logit_fn, self.act_gen)  # argmax = a sample of pi
@@ -243,7 +251,8 @@ class PPO(AgentBase):
             epochs += 1
             epoch_kl, epoch_batches = torch.zeros((), device=self.device), 0
             for idx in rollout.minibatches(cfg.minibatch_size, self.learn_gen):
-                stats = self._minibatch(data, idx.to(self.device), clip)  # [len(METRICS)]
+                idx = None if idx is None else idx.to(self.device)
+                stats = self._minibatch(data, idx, clip)  # [len(METRICS)]
                 sums += stats
                 epoch_kl += stats[3]
                 batches, epoch_batches = batches + 1, epoch_batches + 1
@@ -258,53 +267,78 @@ class PPO(AgentBase):
         return out
 
     def _minibatch(
-        self, data: dict[str, torch.Tensor], idx: torch.Tensor, clip: float
+        self, data: dict[str, torch.Tensor], idx: torch.Tensor | None, clip: float
     ) -> torch.Tensor:
-        """One gradient step on rows ``idx``; returns the METRICS as one [6] tensor."""
+        """One gradient step on rows ``idx`` (None: all rows); returns the METRICS as one [6]
+        tensor. Rows that are no real step weigh 0 (unless the rollout has none)."""
         cfg, net = self.config, self.nets["policy"]
-        w = data["valid"][idx].float()  # [B]; 0 for rows that are no real step
-        n_w = w.sum().clamp_min(1.0)
+
+        def take(name: str) -> torch.Tensor:
+            return data[name] if idx is None else data[name][idx]
+
+        w = None if data["all_valid"] else take("valid").float()  # [B]; 0: no real step
+        n_w = None if w is None else w.sum().clamp_min(1.0)
+
+        def mean(t: torch.Tensor) -> torch.Tensor:
+            return t.mean() if w is None else (w * t).sum() / n_w
+
         mask = (
-            None
-            if "action_mask" not in data
-            else ActionMask(data["action_mask"][idx], self.n_actions)
+            None if "action_mask" not in data else ActionMask(take("action_mask"), self.n_actions)
         )
-        x = data["obs"][idx]
-        logp, entropy = self.log_prob_entropy(x, data["action"][idx], mask)  # [B], [B]
+        x = take("obs")
+        logp, entropy = self.log_prob_entropy(x, take("action"), mask)  # [B], [B]
         value = net.value(x)  # [B]
-        adv = data["advantages"][idx]  # [B]
-        if cfg.normalize_advantage:
-            mean = (w * adv).sum() / n_w
-            std = ((w * (adv - mean) ** 2).sum() / (n_w - 1).clamp_min(1.0)).sqrt()
-            adv = (adv - mean) / (std + 1e-8)
-        log_ratio = logp - data["logp"][idx]
+        adv = take("advantages")  # [B]
+        if cfg.normalize_advantage and idx is None and "adv_all" in data:
+            adv = data["adv_all"]  # the whole rollout, normalized once for every epoch
+        elif cfg.normalize_advantage:
+            if w is None:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            else:
+                mu = mean(adv)
+                std = ((w * (adv - mu) ** 2).sum() / (n_w - 1).clamp_min(1.0)).sqrt()
+                adv = (adv - mu) / (std + 1e-8)
+            if idx is None:
+                data["adv_all"] = adv
+        log_ratio = logp - take("logp")
         ratio = log_ratio.exp()
         pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip))  # [B]
-        ret, old_v = data["returns"][idx], data["values"][idx]
+        ret, old_v = take("returns"), take("values")
         v_loss = (value - ret) ** 2
         if cfg.clip_range_vf is not None:
             clipped = old_v + (value - old_v).clamp(-cfg.clip_range_vf, cfg.clip_range_vf)
             v_loss = torch.maximum(v_loss, (clipped - ret) ** 2)
-
-        def wmean(t: torch.Tensor) -> torch.Tensor:
-            return (w * t).sum() / n_w
-
-        policy_loss, value_loss, ent = wmean(pg), wmean(v_loss), wmean(entropy)
+        policy_loss, value_loss, ent = mean(pg), mean(v_loss), mean(entropy)
         loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * ent
-        opt = self.optims["policy"]
-        opt.zero_grad(set_to_none=True)
+        self.flat.zero_grad()
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(self._params, cfg.max_grad_norm, foreach=True)
-        opt.step()
+        norm = self.flat.clip_grad_norm_(cfg.max_grad_norm)
+        self.optims["policy"].step()
         self.updates += 1
         with torch.no_grad():
-            kl = wmean((ratio - 1) - log_ratio)
-            clip_frac = wmean(((ratio - 1).abs() > clip).float())
+            kl = mean((ratio - 1) - log_ratio)
+            clip_frac = mean(((ratio - 1).abs() > clip).float())
             return torch.stack([policy_loss, value_loss, ent, kl, clip_frac, norm]).detach()
 
-    @property
-    def _params(self) -> list[torch.nn.Parameter]:
-        return [p for group in self.optims["policy"].param_groups for p in group["params"]]
+    def _flat_adam(self) -> torch.optim.Adam:
+        """The policy's parameters as one flat vector (:mod:`rlstash.agents.flat`) and Adam on
+        it (eps as SB3/CleanRL: 1e-5), fused where supported, else multi-tensor."""
+        self.flat = FlatParams(self.nets["policy"])
+        cfg, params = self.config, [self.flat.param]
+        try:
+            return torch.optim.Adam(params, lr=cfg.learning_rate, eps=cfg.adam_eps, fused=True)
+        except (RuntimeError, ValueError, TypeError):
+            return torch.optim.Adam(params, lr=cfg.learning_rate, eps=cfg.adam_eps, foreach=True)
+
+    def to(self, device: Any, act_device: Any | None = None) -> PPO:
+        """Move learner and acting copy (AgentBase.to), then re-seat the flat parameter vector
+        on the new device with the optimizer's state."""
+        state = self.optims["policy"].state_dict()
+        super().to(device, act_device)
+        self.optims["policy"] = self._flat_adam()
+        self.optims["policy"].load_state_dict(state)
+        self._build_actor()
+        return self
 
     @torch.no_grad()
     def prepare(self, rollout: RolloutStorage) -> dict[str, torch.Tensor]:
@@ -327,6 +361,7 @@ class PPO(AgentBase):
             data["action_mask"] = rollout.flat("action_mask")
             mask = ActionMask(data["action_mask"], self.n_actions)
         data["logp"] = self._old_logp(data["obs"], data["action"], mask)
+        data["all_valid"] = rollout.all_valid  # a host bool: no weighting needed
         w = data["valid"].float()
         resid, target = data["returns"] - data["values"], data["returns"]
         data["explained_variance"] = 1 - _wvar(resid, w) / _wvar(target, w).clamp_min(1e-12)
@@ -354,12 +389,3 @@ def _wvar(t: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     n = w.sum().clamp_min(1.0)
     mean = (w * t).sum() / n
     return (w * (t - mean) ** 2).sum() / n
-
-
-def _adam(net: torch.nn.Module, cfg: PPOConfig) -> torch.optim.Adam:
-    """Adam (eps as SB3/CleanRL: 1e-5), fused where supported, else multi-tensor."""
-    params = list(net.parameters())
-    try:
-        return torch.optim.Adam(params, lr=cfg.learning_rate, eps=cfg.adam_eps, fused=True)
-    except (RuntimeError, ValueError, TypeError):
-        return torch.optim.Adam(params, lr=cfg.learning_rate, eps=cfg.adam_eps, foreach=True)

@@ -25,7 +25,9 @@ final_obs   [T, N, ...]      same-step autoreset only: the final observation of 
                              ending at t (the next row then holds the reset observation)
 valid       [T, N] bool      a real step: False for next-step autoreset's reset steps (the row
                              after an episode end, whose action the env ignored) and for steps
-                             of a restarted worker (they never happened)
+                             of a restarted worker (they never happened); ``all_valid`` says on
+                             the host, without reading it, that every row is (same-step mode, no
+                             restarted worker): learners can skip the weighting then
 cont        [T, N] bool      step t+1 continues step t's episode (see :mod:`rlstash.agents.gae`)
 action_mask [T, N, ...]      when the spec has it
 =========== ================ ===================================================================
@@ -93,6 +95,7 @@ class RolloutStorage:
         self.valid, self.cont = alloc((T, N), torch.bool), alloc((T, N), torch.bool)
         self._after_done = alloc((N,), torch.bool)  # next-step mode: row 0 is a reset step
         self.filled = False
+        self.all_valid = False  # known on the host without reading ``valid``
 
     @property
     def nbytes(self) -> int:
@@ -129,6 +132,8 @@ class RolloutStorage:
         if self.final_obs is not None:
             self.final_obs.copy_(data["final_obs"])
         self.valid.copy_(valid)
+        # every row is a real step: same-step mode and no restarted worker (no device read)
+        self.all_valid = self.same_step and "restarted" not in data
         self.cont.copy_(~done & nxt)
         if not self.same_step:
             self._after_done.copy_(done[-1])
@@ -167,11 +172,18 @@ class RolloutStorage:
             t = t[: self.steps]
         return t.reshape(self.size, *t.shape[2:])
 
-    def minibatches(self, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    def minibatches(
+        self, batch_size: int, generator: torch.Generator
+    ) -> Iterator[torch.Tensor | None]:
         """Shuffled row indices into the T * N rows (int64 on ``generator``'s device), in chunks
-        of ``batch_size`` (the last one smaller when it does not divide T * N)."""
+        of ``batch_size`` (the last one smaller when it does not divide T * N). When one chunk
+        holds every row it is ``None``: all rows, in storage order (a mean over all rows does
+        not depend on their order, so no gather is needed)."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size: expected an int >= 1, got {batch_size!r}")
+        if batch_size >= self.size:
+            yield None
+            return
         perm = torch.randperm(self.size, generator=generator, device=generator.device)
         yield from perm.split(batch_size)
 
