@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rlstash.agents.dqn import DQNConfig
+from rlstash.agents.ppo import PPOConfig
 from rlstash.agents.sac import SACConfig
 from rlstash.agents.sac_discrete import DiscreteSACConfig
 from rlstash.settings import SettingError
@@ -66,7 +67,7 @@ def test_train_reads_top_to_bottom_through_build_run() -> None:
 # --- TrainConfig holds the loop, agent configs the learner --------------------------------
 
 
-@pytest.mark.parametrize("config", [DQNConfig, SACConfig, DiscreteSACConfig])
+@pytest.mark.parametrize("config", [DQNConfig, SACConfig, DiscreteSACConfig, PPOConfig])
 def test_agent_configs_hold_learner_settings_only(config: type) -> None:
     names = {f.name for f in dataclasses.fields(config)}
     assert not names & set(LOOP_SETTINGS), f"{config.__name__} holds loop settings"

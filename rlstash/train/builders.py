@@ -85,7 +85,13 @@ class Run:
 
 def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = None) -> Run:
     """Everything a run needs, from its config (and a checkpoint's ``state`` when resuming).
-    Settings are checked before ``run_dir`` is created; a run refused later removes it again."""
+    Settings are checked before ``run_dir`` is created; a run refused later removes it again.
+    On-policy algorithms (PPO) get an :class:`rlstash.train.onpolicy.OnPolicyRun` instead
+    (a rollout storage, no replay buffer or rate limiter)."""
+    from rlstash.train import onpolicy
+
+    if cfg.algo in onpolicy.ALGOS:
+        return onpolicy.build_onpolicy_run(cfg, run_dir, state)
     torch.set_num_threads(cfg.torch_threads)
     info = probe_env(cfg.env, cfg.history)
     cfg, agent_cfg = algos.resolve(cfg, info.act_space)

@@ -69,12 +69,12 @@ def train(cfg: TrainConfig | None = None, resume: str | Path | None = None) -> T
             )
     from rlstash.train import onpolicy  # PPO: collect a rollout, update on it (its own loop)
 
-    on_policy = cfg.algo in onpolicy.ALGOS
-    build = onpolicy.build_onpolicy_run if on_policy else build_run
-    run = build(cfg, run_dir, state)  # refuses bad settings before writing anything
+    run = build_run(cfg, run_dir, state)  # refuses bad settings before writing anything
     log = RunLog(run_dir, run.cfg.steps, quiet=run.cfg.quiet, start_step=run.step)
     try:
-        return onpolicy.run_loop(run, log) if on_policy else _loop(run, log)
+        if isinstance(run, onpolicy.OnPolicyRun):
+            return onpolicy.run_loop(run, log)
+        return _loop(run, log)
     finally:
         log.close()
         run.close()

@@ -320,3 +320,18 @@ def test_ppo_learns_cartpole_quickly():
             agent.update(rollout)
             steps += cfg.rollout_steps * cfg.num_envs
     assert collector.stats.mean_return(20) >= 200, (steps, collector.stats.mean_return(20))
+
+
+def test_to_reseats_the_flat_parameters_and_keeps_adam_state():
+    agent = PPO((3,), N_ACT, config=PPOConfig(net_arch=(8,), minibatch_size=24, n_epochs=1))
+    agent.update(_rollout())
+    state = agent.optims["policy"].state_dict()["state"][0]
+    agent.to("cpu")
+    moved = agent.optims["policy"].state_dict()["state"][0]
+    torch.testing.assert_close(moved["exp_avg"], state["exp_avg"])
+    assert agent.flat.params[0].data_ptr() == agent.flat.param.data_ptr()
+    before = agent.flat.param.detach().clone()
+    agent.update(_rollout(seed=1))
+    assert not torch.equal(before, agent.flat.param)
+    head = agent.nets["policy"].head.weight.reshape(-1)
+    assert any(torch.equal(head, v.reshape(-1)) for v in agent.flat.params)
