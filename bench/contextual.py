@@ -1,4 +1,5 @@
-"""A contextual task with 100,000 actions, and discrete SAC learning it: chunked vs one-hot.
+"""A contextual task with 100,000 actions, and discrete SAC (:func:`run`) and PPO
+(:func:`run_ppo`) learning it: chunked vs one-hot.
 
 The task (:class:`ContextualEnv`, a gymnasium env, episodes of one step): ``n_contexts``
 contexts (default 16), shown as a one-hot observation; ``n_actions`` actions (default
