@@ -164,7 +164,7 @@ def ppo_to_475(device: str, n: int = 1024, budget_s: float = 600.0) -> dict[str,
 
     T, max_steps = 16, 20_000_000
     cfg = PPOConfig.for_env(
-        "CartPole-v1", num_envs=n, n_steps=T, batch_size=4096, n_epochs=10,
+        "CartPole-v1", num_envs=n, rollout_steps=T, minibatch_size=4096, n_epochs=10,
         total_steps=4_000_000, seed=0,
     )  # fmt: skip
     env = gym.make_vec(
@@ -198,7 +198,7 @@ def section_ppo(device: str, quick: bool) -> list[str]:
     return [
         common.markdown_table(head, [row]),
         "",
-        "PPOConfig.for_env('CartPole-v1') with num_envs=1024, n_steps=16, batch_size=4096, "
+        "PPOConfig.for_env('CartPole-v1') with num_envs=1024, rollout_steps=16, minibatch_size=4096, "
         "n_epochs=10, total_steps=4M (annealing); mean of the last 100 training episodes "
         "(stochastic policy); env, rollout storage and learner on the same device.",
     ]
