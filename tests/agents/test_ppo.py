@@ -73,18 +73,20 @@ def _reference_losses(agent, data, idx, clip):
 
 
 @pytest.mark.parametrize("clip_vf", [None, 0.1])
-def test_minibatch_losses_equal_a_dense_reference(clip_vf):
+@pytest.mark.parametrize("all_valid", [False, True])  # weighted rows / the unweighted fast path
+def test_minibatch_losses_equal_a_dense_reference(clip_vf, all_valid):
     agent = PPO(
         (3,), N_ACT, config=PPOConfig(net_arch=(8,), clip_range_vf=clip_vf, minibatch_size=24)
     )
     ro = _rollout()
     ro.valid.fill_(True)  # every row weighs 1, as in the reference
+    ro.all_valid = all_valid
     data = agent.prepare(ro)
     _perturb(agent)  # ratios away from 1, many clipped
     idx = torch.arange(24)
     with torch.no_grad():
         want = _reference_losses(agent, data, idx, 0.2)
-    stats = agent._minibatch(data, idx, 0.2)
+    stats = agent._minibatch(data, None if all_valid else idx, 0.2)
     for got, ref, name in zip(stats[:5], want, ("pg", "v", "entropy", "kl", "clipfrac")):
         assert got.item() == pytest.approx(ref.item(), rel=1e-4, abs=1e-6), name
     assert 0 < want[4] < 1  # some ratios clipped, some not
