@@ -54,6 +54,7 @@ _EXPORTS: dict[str, str] = {
     "PPO": "rlstash.agents.ppo",
     "PPOConfig": "rlstash.agents.ppo",
     "RolloutStorage": "rlstash.storage.rollout",
+    "read_metrics": "rlstash.agents.base",
     "HistorySummarizer": "rlstash.agents.history",
     "HistoryWindow": "rlstash.agents.history",
     "transitions_from_windows": "rlstash.agents.history",
@@ -97,6 +98,7 @@ __all__ = [
     "UniformSampler",
     "WorkerFailedError",
     "plan",
+    "read_metrics",
 ]
 
 
@@ -117,6 +119,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
+    from rlstash.agents.base import read_metrics
     from rlstash.collect.sync import Collector
     from rlstash.device import Delivery
     from rlstash.diag.memory import InsufficientMemoryError, MemoryPlan, plan

@@ -15,7 +15,7 @@ from rlstash.agents.actions import (
     soft_policy_objective,
     softmax_stats,
 )
-from rlstash.agents.base import Agent, AgentBase, check_batch
+from rlstash.agents.base import Agent, AgentBase, check_batch, read_metrics
 from rlstash.agents.dqn import DQN, DQNConfig
 from rlstash.agents.gae import gae, rollout_gae
 from rlstash.agents.history import HistorySummarizer, HistoryWindow, transitions_from_windows
@@ -49,6 +49,7 @@ __all__ = [
     "LinearSchedule",
     "SACConfig",
     "check_batch",
+    "read_metrics",
     "chunked_argmax",
     "chunked_logsumexp",
     "epsilon_schedule",

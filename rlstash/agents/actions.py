@@ -432,15 +432,17 @@ def soft_policy_objective(
     head: ActionHead,
     u: torch.Tensor,
     q_fn: ScoreFn,
-    alpha: float,
+    alpha: torch.Tensor | float,
     chunk: int,
     mask: ActionMask | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(J [B], entropy [B]) with J(s) = E_{a~pi(.|s)}[alpha log pi(a|s) - Q(s, a)] exactly over
     all available actions; differentiable in ``u`` and the head's table and bias, constant in
-    ``q_fn`` (evaluated without grad) and ``alpha``.
+    ``q_fn`` (evaluated without grad) and ``alpha`` (a float, or a 0-dim tensor on ``u``'s
+    device: then nothing is read back to the host).
 
     Peak extra memory: forward and backward keep a few [B, chunk] tensors at a time, plus the
     gradient of the head's table (the size of the table, as any backward allocates) — never
     [B, n]. Backward recomputes the chunk scores (twice the scoring FLOPs of one pass)."""
-    return _SoftPolicyObjective.apply(u, head.table(), head.bias(), float(alpha), q_fn, chunk, mask)
+    alpha = alpha.detach() if isinstance(alpha, torch.Tensor) else float(alpha)
+    return _SoftPolicyObjective.apply(u, head.table(), head.bias(), alpha, q_fn, chunk, mask)

@@ -6,7 +6,9 @@ An agent is used like this (the training loop in :mod:`rlstash.train.loop` is th
     action = agent.act(obs)                    # obs [N, *obs_shape] -> action [N] int64, no grad
     buffer.extend({...})                       # actions stored as int64 indices (never one-hot)
     batch = buffer.sample(64, device=agent.device)
-    metrics = agent.update(batch)              # {"loss": float, ...} + "td_error": Tensor [B]
+    metrics = agent.update(batch)              # {"loss": 0-dim Tensor, ...} + "td_error" [B]
+    if agent.updates % 100 == 0:
+        print(read_metrics(metrics))           # {"loss": float, ...}: one device-to-host copy
     sampler.update_priorities(idx, metrics["td_error"])    # prioritized replay, if used
     collector.load_policy(agent.policy_state_dict())       # explicit weight transfer to actors
     save(agent.state_dict())                   # networks, optimizers, counters, RNG
@@ -26,6 +28,13 @@ action_mask,        [B, ceil(n/8)] uint8 packed  available actions at obs / next
 next_action_mask    or [B, n] bool, optional     (numpy.packbits bit order); absent = all
 =================== ============================ =============================================
 
+Host reads: ``update`` never reads a device tensor back to the host (no ``.item()``, no ``if
+tensor``): its scalar metrics are 0-dim tensors on ``agent.device`` (or host floats computed
+from counters, such as epsilon), read together by :func:`read_metrics` when the caller logs.
+Value checks of a batch (action indices in range) read it back, so they run on the first update
+and then every ``value_check_every`` updates (the shape, dtype and device checks run on every
+update; they read no data).
+
 Devices: ``agent.device`` is where the learner lives; ``agent.act_device`` is where ``act`` runs.
 When they differ, ``act`` uses a copy of the policy networks on ``act_device`` that changes only
 when weights are moved explicitly: ``agent.sync_actor()`` or ``load_policy_state_dict``.
@@ -36,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -63,7 +73,8 @@ class Agent(Protocol):
         ...
 
     def update(self, batch: Batch) -> dict[str, Any]:
-        """One gradient step; float metrics plus ``"td_error"`` [B] (detached, >= 0)."""
+        """One gradient step; scalar metrics (0-dim tensors on ``device`` or host floats; read
+        them with :func:`read_metrics`) plus ``"td_error"`` [B] (detached, >= 0)."""
         ...
 
     def state_dict(self) -> dict[str, Any]: ...
@@ -156,8 +167,12 @@ def check_batch(
     device: torch.device,
     n_actions: int | None = None,
     act_dim: int | None = None,
+    values: bool = True,
 ) -> int:
-    """Validate a batch against the contract above; returns B. Raises naming the field."""
+    """Validate a batch against the contract above; returns B. Raises naming the field.
+
+    Shapes, dtypes and devices are checked from metadata; ``values`` also checks the data
+    (action indices in range), which reads the batch back to the host."""
     if not isinstance(batch, Mapping):
         raise TypeError(f"batch: expected a dict of tensors, got {type(batch).__name__}")
     for key in ("obs", "action", "reward", "next_obs", "terminated"):
@@ -191,7 +206,7 @@ def check_batch(
     if n_actions is not None:
         if action.dtype != torch.int64:
             raise TypeError(f"batch['action']: expected int64 action indices, got {action.dtype}")
-        if bsz and bool(((action < 0) | (action >= n_actions)).any()):
+        if values and bsz and bool(((action < 0) | (action >= n_actions)).any()):
             bad = action[(action < 0) | (action >= n_actions)][0].item()
             raise ValueError(f"batch['action']: expected indices in [0, {n_actions}), got {bad}")
         for key in ("action_mask", "next_action_mask"):
@@ -213,16 +228,36 @@ def seeded_init(seed: int) -> Iterator[None]:
 
 def optimize(
     opt: torch.optim.Optimizer, loss: torch.Tensor, max_grad_norm: float | None = None
-) -> float:
-    """zero_grad, backward, clip the global grad norm (if given), step; returns the norm (or 0)."""
+) -> torch.Tensor | float:
+    """zero_grad, backward, clip the global grad norm (if given), step; returns the norm before
+    clipping as a 0-dim tensor on the parameters' device (no host read), or 0.0 unclipped."""
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    norm = 0.0
+    norm: torch.Tensor | float = 0.0
     if max_grad_norm is not None:
         params = [p for group in opt.param_groups for p in group["params"]]
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm).detach()
     opt.step()
     return norm
+
+
+def read_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The scalar metrics of an ``update`` as host floats, in their order, with one
+    device-to-host copy per device (call it when logging: every ~100 updates, not every one).
+    Host numbers pass through; tensors of more than one element (``"td_error"``) are left out."""
+    scalars: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if isinstance(value, torch.Tensor):
+            if value.numel() == 1:
+                scalars.setdefault(value.device, []).append((key, value))
+                out[key] = math.nan  # placeholder keeps the order; filled below
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = float(value)
+    for items in scalars.values():
+        host = torch.stack([v.detach().reshape(()).float() for _, v in items]).tolist()
+        out.update(zip((key for key, _ in items), host))
+    return out
 
 
 def adam(params: Any, lr: float) -> torch.optim.Adam:
@@ -255,6 +290,12 @@ class AgentBase:
     """
 
     algo = "agent"
+    value_check_every = 100  # updates between value checks of the batch (they read it back)
+
+    def _values_due(self) -> bool:
+        """Whether this update checks the batch's values: the first, then every
+        ``value_check_every`` (each check reads the batch back to the host)."""
+        return self.updates % self.value_check_every == 0
 
     def _init_devices(self, device: Any, act_device: Any, seed: int) -> None:
         self.device = resolve_device(device, "device", allow_none=False)

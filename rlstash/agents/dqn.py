@@ -142,7 +142,8 @@ class DQN(AgentBase):
         with torch.no_grad():
             q = self.actor["q"]
             best, greedy = chunked_argmax(q.head.score_fn(q.embed(obs)), n, chunk, mask)  # [N]
-            self._check_available(best)
+            if mask is not None:  # unmasked rows always have an action (no host read)
+                self._check_available(best)
             if deterministic:
                 return greedy
             explore = torch.rand(rows, generator=self.act_gen, device=dev) < self.epsilon  # [N]
@@ -171,7 +172,10 @@ class DQN(AgentBase):
         w: the batch's "weight" or 1), clipped to max_grad_norm; then every
         target_update_interval updates theta_target <- (1 - tau) theta_target + tau theta."""
         cfg = self.config
-        check_batch(batch, obs_shape=self.obs_shape, device=self.device, n_actions=self.n_actions)
+        check_batch(
+            batch, obs_shape=self.obs_shape, device=self.device, n_actions=self.n_actions,
+            values=self._values_due(),
+        )  # fmt: skip
         q_net, target = self.nets["q"], self.nets["q_target"]
         y = self.td_target(batch)  # [B]
         q = q_net.head.score_actions(q_net.embed(batch["obs"]), batch["action"])  # [B]
@@ -186,9 +190,9 @@ class DQN(AgentBase):
         self.updates += 1
         if self.updates % cfg.target_update_interval == 0:
             polyak_update(target, q_net, cfg.tau)
-        return {
-            "loss": loss.item(),
-            "q_mean": q.mean().item(),
+        return {  # 0-dim tensors on the device: no host read here (read_metrics when logging)
+            "loss": loss.detach(),
+            "q_mean": q.detach().mean(),
             "grad_norm": grad_norm,
             "epsilon": self.epsilon,
             "learning_rate": self.learning_rate,

@@ -63,9 +63,14 @@ class EnsembleMLP(nn.Module):
                 nn.Parameter(torch.empty(members, 1, fan_out).uniform_(-bound, bound))
             )
 
-    def forward(self, x: torch.Tensor, detach: bool = False) -> torch.Tensor:
-        """x [B, in] (shared by all members) or [M, B, in] -> [M, B, out]. With ``detach``
-        the weights take no gradient (gradients still flow to ``x``)."""
+    def forward(
+        self, x: torch.Tensor, detach: bool = False, member: int | None = None
+    ) -> torch.Tensor:
+        """x [B, in] (shared by all members) or [M, B, in] -> [M, B, out]; with ``member``
+        only that member: x [B, in] -> [B, out]. With ``detach`` the weights take no gradient
+        (gradients still flow to ``x``)."""
+        if member is not None:
+            return self._member(x, member, detach)
         if x.dim() == 2:
             x = x.expand(self.members, *x.shape)
         last = len(self.weights) - 1
@@ -76,6 +81,52 @@ class EnsembleMLP(nn.Module):
             if i < last:
                 x = torch.relu(x)
         return x
+
+    def _member(self, x: torch.Tensor, member: int, detach: bool) -> torch.Tensor:
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            w, b = w[member], b[member]  # [in, out], [1, out]
+            if detach:
+                w, b = w.detach(), b.detach()
+            x = torch.addmm(b, x, w)  # [B, out]
+            if i < last:
+                x = torch.relu(x)
+        return x
+
+
+class TwinCritic(nn.Module):
+    """Q_1(s, a), Q_2(s, a) -> [2, B]: two independent critics over features(obs) concatenated
+    with a in [-1, 1]^A, evaluated as one :class:`EnsembleMLP` (one batched matmul per layer).
+    Pixel observations get one encoder per critic."""
+
+    def __init__(self, obs_shape: tuple[int, ...], act_dim: int, net_arch: tuple[int, ...]):
+        super().__init__()
+        self.features = nn.ModuleList([make_encoder(obs_shape, ()) for _ in range(2)])
+        self.shared = not any(True for _ in self.features.parameters())  # flatten: compute once
+        self.mlp = EnsembleMLP(self.features[0].out_dim + act_dim, net_arch, 1, members=2)
+
+    def forward(
+        self,
+        obs: torch.Tensor,
+        action: torch.Tensor,
+        detach: bool = False,
+        member: int | None = None,
+    ) -> torch.Tensor:
+        """[2, B]; with ``member`` only that critic's Q [B] (TD3's actor reads Q_1 only).
+        With ``detach`` the critics' weights take no gradient (the actor loss backpropagates
+        through the critics to the action only)."""
+        if member is not None:
+            with frozen(self.features) if detach else contextlib.nullcontext():
+                x = torch.cat([self.features[member](obs), action], dim=-1)  # [B, F + A]
+            return self.mlp(x, detach=detach, member=member).squeeze(-1)
+        if self.shared:
+            x = torch.cat([self.features[0](obs), action], dim=-1)  # [B, F + A]
+        else:
+            with frozen(self.features) if detach else contextlib.nullcontext():
+                x = torch.stack(
+                    [torch.cat([f(obs), action], dim=-1) for f in self.features]
+                )  # [2, B, F + A]
+        return self.mlp(x, detach=detach).squeeze(-1)
 
 
 class NatureCNN(nn.Module):

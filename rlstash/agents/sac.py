@@ -8,7 +8,6 @@ critics see actions rescaled back to [-1, 1]. Log-probabilities and the entropy 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from rlstash.agents.base import (
     optimize,
     seeded_init,
 )
-from rlstash.agents.nets import EnsembleMLP, LogAlpha, frozen, make_encoder, polyak_update
+from rlstash.agents.nets import LogAlpha, TwinCritic, make_encoder, polyak_update
 
 
 @dataclass
@@ -115,32 +114,6 @@ class SquashedGaussianActor(nn.Module):
             eps = torch.randn(mean.shape, generator=generator, device=mean.device)  # [B, A]
             u = mean + log_std.exp() * eps
         return torch.tanh(u), squashed_log_prob(u, mean, log_std)
-
-
-class TwinCritic(nn.Module):
-    """Q_1(s, a), Q_2(s, a) -> [2, B]: two independent critics over features(obs) concatenated
-    with a in [-1, 1]^A, evaluated as one :class:`EnsembleMLP` (one batched matmul per layer).
-    Pixel observations get one encoder per critic."""
-
-    def __init__(self, obs_shape: tuple[int, ...], act_dim: int, net_arch: tuple[int, ...]):
-        super().__init__()
-        self.features = nn.ModuleList([make_encoder(obs_shape, ()) for _ in range(2)])
-        self.shared = not any(True for _ in self.features.parameters())  # flatten: compute once
-        self.mlp = EnsembleMLP(self.features[0].out_dim + act_dim, net_arch, 1, members=2)
-
-    def forward(
-        self, obs: torch.Tensor, action: torch.Tensor, detach: bool = False
-    ) -> torch.Tensor:
-        """[2, B]; with ``detach`` the critics' weights take no gradient (the actor loss
-        backpropagates through the critics to the action only)."""
-        if self.shared:
-            x = torch.cat([self.features[0](obs), action], dim=-1)  # [B, F + A]
-        else:
-            with frozen(self.features) if detach else contextlib.nullcontext():
-                x = torch.stack(
-                    [torch.cat([f(obs), action], dim=-1) for f in self.features]
-                )  # [2, B, F + A]
-        return self.mlp(x, detach=detach).squeeze(-1)
 
 
 def _bounds(value: Any, name: str, act_dim: int) -> torch.Tensor:
@@ -271,13 +244,13 @@ class SAC(AgentBase):
         self.updates += 1
         if self.updates % cfg.target_update_interval == 0:
             polyak_update(nets["critic_target"], nets["critic"], cfg.tau)
-        return {
-            "critic_loss": critic_loss.item(),
-            "actor_loss": actor_loss.item(),
-            "alpha_loss": alpha_loss.item(),
-            "alpha": alpha.item(),
-            "entropy": -logp_pi.mean().item(),
-            "q_mean": q[0].mean().item(),
+        return {  # 0-dim tensors on the device: no host read here (read_metrics when logging)
+            "critic_loss": critic_loss.detach(),
+            "actor_loss": actor_loss.detach(),
+            "alpha_loss": alpha_loss.detach(),
+            "alpha": alpha,
+            "entropy": -logp_pi.detach().mean(),
+            "q_mean": q[0].detach().mean(),
             "critic_grad_norm": critic_norm,
             "actor_grad_norm": actor_norm,
             "td_error": (q - y).abs().mean(0).detach(),  # [B]

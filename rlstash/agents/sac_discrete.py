@@ -131,7 +131,8 @@ class DiscreteSAC(AgentBase):
             if not deterministic:
                 logit_fn = gumbel_scores(logit_fn, self.act_gen)  # argmax = a sample of pi
             best, action = chunked_argmax(logit_fn, n, chunk, mask)  # [N], [N]
-            self._check_available(best)
+            if mask is not None:  # unmasked rows always have an action (no host read)
+                self._check_available(best)
             self.env_steps += 0 if deterministic else rows
             return action
 
@@ -157,7 +158,7 @@ class DiscreteSAC(AgentBase):
         )
 
     @torch.no_grad()
-    def td_target(self, batch: Batch, alpha: float) -> torch.Tensor:
+    def td_target(self, batch: Batch, alpha: torch.Tensor | float) -> torch.Tensor:
         """y = r + d (1 - terminated) V(s'), V(s') = E_pi[min_i Q_target_i - alpha log pi], [B]."""
         n, chunk, next_obs = self.n_actions, self.config.action_chunk, batch["next_obs"]
         next_mask = ActionMask.of(batch.get("next_action_mask"), n, "next_action_mask")
@@ -170,10 +171,13 @@ class DiscreteSAC(AgentBase):
     def update(self, batch: Batch) -> dict[str, Any]:
         """One step on J(Q), then J(pi), then J(alpha) (module docstring), then Polyak targets."""
         cfg, nets, n = self.config, self.nets, self.n_actions
-        bsz = check_batch(batch, obs_shape=self.obs_shape, device=self.device, n_actions=n)
+        bsz = check_batch(
+            batch, obs_shape=self.obs_shape, device=self.device, n_actions=n,
+            values=self._values_due(),
+        )  # fmt: skip
         obs, action = batch["obs"], batch["action"]  # [B, *obs_shape], [B] int64
         mask = ActionMask.of(batch.get("action_mask"), n, "action_mask")
-        alpha = self.alpha
+        alpha = nets["alpha"]().detach()  # [] on the device (no host read)
         # critics
         y = self.td_target(batch, alpha)  # [B]
         q1 = nets["q1"].head.score_actions(nets["q1"].embed(obs), action)  # [B]
@@ -201,14 +205,14 @@ class DiscreteSAC(AgentBase):
         if self.updates % cfg.target_update_interval == 0:
             polyak_update(nets["q1_target"], nets["q1"], cfg.tau)
             polyak_update(nets["q2_target"], nets["q2"], cfg.tau)
-        return {
-            "critic_loss": critic_loss.item(),
-            "actor_loss": actor_loss.item(),
-            "alpha_loss": alpha_loss.item(),
+        return {  # 0-dim tensors on the device: no host read here (read_metrics when logging)
+            "critic_loss": critic_loss.detach(),
+            "actor_loss": actor_loss.detach(),
+            "alpha_loss": alpha_loss.detach(),
             "alpha": alpha,
-            "entropy": entropy.mean().item(),
-            "target_entropy": target_h.mean().item(),
-            "q_mean": q1.mean().item(),
+            "entropy": entropy.mean(),
+            "target_entropy": target_h.mean(),
+            "q_mean": q1.detach().mean(),
             "critic_grad_norm": critic_norm,
             "actor_grad_norm": actor_norm,
             "td_error": (0.5 * ((q1 - y).abs() + (q2 - y).abs())).detach(),  # [B]

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from rlstash.agents.base import read_metrics
 from rlstash.diag import telemetry
 from rlstash.train import builders, checkpoint
 from rlstash.train.builders import Run, build_run
@@ -136,9 +137,7 @@ def _progress_row(run: Run, metrics: dict[str, Any]) -> dict[str, Any]:
         "episodes": run.collector.stats.count,
         "updates": getattr(run.agent, "updates", 0),
     }
-    for k, v in metrics.items():
-        if isinstance(v, float | int):
-            row[k] = float(v)
+    row.update(read_metrics(metrics))  # the update's device scalars: read only when logging
     return row
 
 

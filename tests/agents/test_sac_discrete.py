@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlstash.agents.actions import ActionMask, pack_mask
+from rlstash.agents.base import read_metrics
 from rlstash.agents.dqn import DQN, DQNConfig
 from rlstash.agents.sac_discrete import DiscreteSAC, DiscreteSACConfig
 
@@ -70,7 +71,7 @@ def test_chunked_update_equals_unchunked_update_and_critic_loss_is_a_gather():
         q1 = whole.nets["q1"](batch["obs"])[rows, batch["action"]]
         q2 = whole.nets["q2"](batch["obs"])[rows, batch["action"]]
     want_critic = float((0.5 * ((q1 - y) ** 2 + (q2 - y) ** 2)).mean())
-    m_small, m_whole = small.update(batch), whole.update(batch)
+    m_small, m_whole = read_metrics(small.update(batch)), read_metrics(whole.update(batch))
     assert m_whole["critic_loss"] == pytest.approx(want_critic, rel=1e-5)
     for key in ("critic_loss", "actor_loss", "alpha_loss", "entropy", "target_entropy"):
         assert m_small[key] == pytest.approx(m_whole[key], rel=1e-5, abs=1e-6), key
