@@ -5,7 +5,7 @@ never pull in torch)::
 
     from rlstash import Spec, Field, ReplayBuffer, TensorStorage, MemmapStorage, StreamStorage
     from rlstash import UniformSampler, PrioritizedSampler, SequenceSampler, plan
-    from rlstash import ProcessPoolVectorEnv, Collector, DQN, SAC, DiscreteSAC, PPO, RateLimiter
+    from rlstash import ProcessPoolVectorEnv, Collector, DQN, SAC, DiscreteSAC, PPO, TD3, RateLimiter
     from rlstash import RolloutStorage
 """
 
@@ -54,6 +54,8 @@ _EXPORTS: dict[str, str] = {
     "PPO": "rlstash.agents.ppo",
     "PPOConfig": "rlstash.agents.ppo",
     "RolloutStorage": "rlstash.storage.rollout",
+    "TD3": "rlstash.agents.td3",
+    "TD3Config": "rlstash.agents.td3",
     "read_metrics": "rlstash.agents.base",
     "HistorySummarizer": "rlstash.agents.history",
     "HistoryWindow": "rlstash.agents.history",
@@ -89,6 +91,8 @@ __all__ = [
     "RolloutStorage",
     "SAC",
     "SACConfig",
+    "TD3",
+    "TD3Config",
     "SequenceSampler",
     "Spec",
     "StreamStorage",

@@ -92,6 +92,40 @@ def test_sac_pendulum_run(tmp_path: Path) -> None:
     assert all(-2000 < float(r["return_mean"]) <= 0 for r in evals)  # Pendulum costs
 
 
+def test_td3_pendulum_run_with_its_preset(tmp_path: Path) -> None:
+    cfg = TrainConfig(algo="td3", env="Pendulum-v1", steps=256, eval_every=128,
+                      eval_episodes=1, quiet=True, device="cpu", run_dir=str(tmp_path), name="td3",
+                      learning_starts=64, batch_size=32, agent={"random_steps": 64})  # fmt: skip
+    result = train(cfg)
+    evals = _rows(tmp_path / "td3" / "eval.csv")
+    assert result.steps == 256 and [int(r["step"]) for r in evals] == [128, 256]
+    state = checkpoint.load_state(tmp_path / "td3" / "checkpoint")
+    assert state["agent"]["algo"] == "td3" and state["agent"]["counters"]["updates"] > 100
+    assert tuple(state["agent"]["config"]["net_arch"]) == (64, 64)  # the Pendulum-v1 preset
+
+
+def test_td3_on_discrete_actions_is_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="algo td3: needs a 1-D Box action space"):
+        train(TrainConfig(algo="td3", env="CartPole-v1", steps=64, quiet=True, device="cpu",
+                          run_dir=str(tmp_path)))  # fmt: skip
+    assert not any(tmp_path.iterdir())
+
+
+def test_progress_row_reads_the_updates_device_metrics() -> None:
+    """The loop reads the agents' 0-dim device metrics only when it logs (read_metrics)."""
+    from types import SimpleNamespace
+
+    from rlstash.train.loop import _progress_row
+
+    stats = SimpleNamespace(mean_return=lambda: -3.0, count=2)
+    run = SimpleNamespace(train_seconds=1.5, collector=SimpleNamespace(stats=stats),
+                          agent=SimpleNamespace(updates=7))  # fmt: skip
+    metrics = {"loss": torch.tensor(0.25), "epsilon": 0.5, "td_error": torch.ones(4)}
+    row = _progress_row(run, metrics)
+    assert row["loss"] == 0.25 and row["epsilon"] == 0.5 and "td_error" not in row
+    assert row["updates"] == 7
+
+
 def test_stops_once_threshold_held_for_patience_evaluations(tmp_path: Path) -> None:
     cfg = TrainConfig(steps=10_000, eval_every=128, eval_episodes=1, threshold=1.0,
                       patience=3, quiet=True, device="cpu", run_dir=str(tmp_path), name="t",
@@ -232,11 +266,13 @@ def test_presets_build_valid_configs() -> None:
     from rlstash.train import algos
     from rlstash.train.builders import probe_env
 
-    for env_id, algo in (("CartPole-v1", "dqn"), ("Pendulum-v1", "sac")):
+    for env_id, algo in (("CartPole-v1", "dqn"), ("Pendulum-v1", "sac"), ("Pendulum-v1", "td3")):
         cfg, agent_cfg = algos.resolve(
             TrainConfig(algo=algo, env=env_id), probe_env(env_id).act_space
         )
-        assert cfg.buffer_size == {"dqn": 50_000, "sac": 20_000}[algo]
+        assert cfg.buffer_size == {"dqn": 50_000, "sac": 20_000, "td3": 20_000}[algo]
+        if algo == "td3":
+            assert cfg.learning_starts == agent_cfg.random_steps == 1000
         if algo == "dqn":
             assert agent_cfg.lr_schedule == "linear" and cfg.buffer_size == agent_cfg.total_steps
 

@@ -1,4 +1,4 @@
-"""Agents: DQN, SAC (continuous), discrete SAC for huge action sets and PPO; see :mod:`.base`."""
+"""Agents: DQN, SAC (continuous), TD3, discrete SAC for huge action sets and PPO; see :mod:`.base`."""
 
 from rlstash.agents.actions import (
     ActionFeatures,
@@ -23,8 +23,9 @@ from rlstash.agents.ppo import PPO, PPOConfig
 from rlstash.agents.sac import SAC, SACConfig
 from rlstash.agents.sac_discrete import DiscreteSAC, DiscreteSACConfig
 from rlstash.agents.schedules import ConstantSchedule, LinearSchedule, epsilon_schedule
+from rlstash.agents.td3 import TD3, TD3Config
 
-ALGOS = {"dqn": DQN, "sac": SAC, "sac_discrete": DiscreteSAC, "ppo": PPO}
+ALGOS = {"dqn": DQN, "sac": SAC, "sac_discrete": DiscreteSAC, "ppo": PPO, "td3": TD3}
 
 __all__ = [
     "ALGOS",
@@ -48,6 +49,8 @@ __all__ = [
     "LinearActionHead",
     "LinearSchedule",
     "SACConfig",
+    "TD3",
+    "TD3Config",
     "check_batch",
     "read_metrics",
     "chunked_argmax",

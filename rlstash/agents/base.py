@@ -146,7 +146,7 @@ def check_common(config: Any) -> None:
         raise SettingError("tau", "a Polyak coefficient in (0, 1]", config.tau, "1 = hard copy")
     if any(h <= 0 for h in config.net_arch):
         raise SettingError("net_arch", "positive layer widths", config.net_arch, "e.g. 64,64")
-    if config.target_update_interval < 1:
+    if hasattr(config, "target_update_interval") and config.target_update_interval < 1:
         raise SettingError(
             "target_update_interval", ">= 1 update", config.target_update_interval, "give 1 or more"
         )

@@ -116,7 +116,7 @@ class SquashedGaussianActor(nn.Module):
         return torch.tanh(u), squashed_log_prob(u, mean, log_std)
 
 
-def _bounds(value: Any, name: str, act_dim: int) -> torch.Tensor:
+def _bound(value: Any, name: str, act_dim: int) -> torch.Tensor:
     t = torch.as_tensor(np.asarray(value, dtype=np.float32)).reshape(-1)
     if t.numel() == 1:
         t = t.expand(act_dim).clone()
@@ -125,6 +125,17 @@ def _bounds(value: Any, name: str, act_dim: int) -> torch.Tensor:
             f"{name}: expected {act_dim} finite bounds, got {np.asarray(value).tolist()}"
         )
     return t
+
+
+def bounds(low: Any, high: Any, act_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(center, scale) [A], [A] of a Box with finite ``low`` < ``high`` (scalars broadcast):
+    an action in [-1, 1]^A maps to center + scale * a."""
+    low_t, high_t = _bound(low, "low", act_dim), _bound(high, "high", act_dim)
+    if not bool((low_t < high_t).all()):
+        raise ValueError(
+            f"low/high: expected low < high, got {low_t.tolist()} and {high_t.tolist()}"
+        )
+    return (high_t + low_t) / 2, (high_t - low_t) / 2
 
 
 class SAC(AgentBase):
@@ -148,12 +159,7 @@ class SAC(AgentBase):
         if isinstance(act_dim, bool) or not isinstance(act_dim, int) or act_dim < 1:
             raise ValueError(f"act_dim: expected an int >= 1, got {act_dim!r}")
         self.obs_shape, self.act_dim = tuple(obs_shape), act_dim
-        low_t, high_t = _bounds(low, "low", act_dim), _bounds(high, "high", act_dim)
-        if not bool((low_t < high_t).all()):
-            raise ValueError(
-                f"low/high: expected low < high, got {low_t.tolist()} and {high_t.tolist()}"
-            )
-        self.center, self.scale = (high_t + low_t) / 2, (high_t - low_t) / 2  # [A], [A]
+        self.center, self.scale = bounds(low, high, act_dim)  # [A], [A]
         self.target_entropy = float(
             cfg.target_entropy if cfg.target_entropy is not None else -act_dim
         )

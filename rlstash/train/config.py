@@ -31,7 +31,7 @@ class TrainConfig:
     # what to train
     algo: str = s(
         "dqn",
-        "Algorithm: dqn, sac (continuous or discrete, by the env's actions) or ppo (both).",
+        "Algorithm: dqn, sac (continuous or discrete, by the env's actions), td3 or ppo (both).",
         group="run",
     )
     env: str = s("CartPole-v1", "Gymnasium env id.", group="run")

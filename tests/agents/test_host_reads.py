@@ -18,6 +18,7 @@ from rlstash.agents.base import read_metrics
 from rlstash.agents.dqn import DQN, DQNConfig
 from rlstash.agents.sac import SAC, SACConfig
 from rlstash.agents.sac_discrete import DiscreteSAC, DiscreteSACConfig
+from rlstash.agents.td3 import TD3, TD3Config
 
 READS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__")
 
@@ -104,6 +105,14 @@ def _agents() -> dict[str, tuple[Callable, Callable]]:
             lambda: SAC((3,), 2, -1.0, 1.0, SACConfig(net_arch=small, max_grad_norm=1.0)),
             lambda s: _continuous_batch(8, 3, 2, s),
         ),
+        "td3": (
+            lambda: TD3((3,), 2, -1.0, 1.0, TD3Config(net_arch=small, policy_delay=2)),
+            lambda s: _continuous_batch(8, 3, 2, s),
+        ),
+        "td3-clipped": (
+            lambda: TD3((3,), 2, -1.0, 1.0, TD3Config(net_arch=small, max_grad_norm=1.0)),
+            lambda s: _continuous_batch(8, 3, 2, s),
+        ),
         "sac_discrete": (
             lambda: DiscreteSAC(
                 (4,), 300, DiscreteSACConfig(net_arch=small, action_chunk=64, max_grad_norm=1.0)
@@ -163,7 +172,9 @@ def test_read_metrics_equals_the_values_in_order():
 def test_unmasked_act_reads_nothing_back():
     dqn = DQN((4,), 3, DQNConfig(net_arch=(8,)))
     dsac = DiscreteSAC((4,), 3, DiscreteSACConfig(net_arch=(8,)))
+    td3 = TD3((4,), 2, -1.0, 1.0, TD3Config(net_arch=(8,), random_steps=5))
     obs = torch.randn(5, 4)
     with count_host_reads() as reads:
         dqn.act(obs), dsac.act(obs), dqn.act(obs, deterministic=True)
+        td3.act(obs), td3.act(obs), td3.act(obs, deterministic=True)  # warm-up, then noise
     assert reads == []
