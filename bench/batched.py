@@ -149,7 +149,12 @@ def section_collector(device: str, reps: int, target_s: float) -> tuple[list[lis
     res = common.interleaved(collector_runs(n, device), reps=reps, target_s=target_s)
     base = res["env alone"].median
     rows = [
-        [name, common.fmt_rate(t.median * n), common.fmt_ratio(t.median / base), f"{t.spread:.2f}"]
+        [
+            name,
+            common.fmt_rate(t.median * n * 16),
+            common.fmt_ratio(t.median / base),
+            f"{t.spread:.2f}",
+        ]
         for name, t in res.items()
     ]
     return rows, res["collector + StreamStorage"].median / base

@@ -151,7 +151,7 @@ class EpisodeLog:
         z = torch.zeros(num_envs, dtype=torch.float64, device=device)
         self.carry: tuple = (z, z.to(torch.int64))
         self.after_done = torch.zeros(num_envs, dtype=torch.bool, device=device)
-        if self.xp is _Numpy:
+        if self.xp is _Numpy:  # rows of numpy operations on the CPU (_add_rows)
             self.carry = tuple(c.numpy() for c in self.carry)
             self.after_done = self.after_done.numpy()
         self.rows: list[tuple[Any, Any, Any]] = []
@@ -165,7 +165,8 @@ class EpisodeLog:
     def add(self, reward: torch.Tensor, done: torch.Tensor, next_step: bool) -> None:
         """Record the episodes ended in a batch of rewards and end flags ``[T, N]``."""
         if self.xp is _Numpy:
-            reward, done = reward.numpy(), done.numpy()
+            self._add_rows(reward.numpy(), done.numpy(), next_step)
+            return
         if next_step:  # the step after an end is a reset step: it belongs to no episode
             live = ~self.xp.cat([self.after_done[None], done[:-1]])
             self.after_done = done[-1].copy() if self.xp is _Numpy else done[-1].clone()
@@ -173,6 +174,32 @@ class EpisodeLog:
             live = done == done  # all True, in the right namespace
         ret, length, self.carry = episode_ends(self.xp, reward, done, live, self.carry)
         self.rows.append((done, ret, length))
+
+    def _add_rows(self, reward: np.ndarray, done: np.ndarray, next_step: bool) -> None:
+        """The CPU: T row operations over N envs in place (no [T, N] temporaries, whose
+        allocation costs more than the arithmetic); finished episodes in step order."""
+        ret, length = self.carry
+        out_r, out_l = [], []
+        for t in range(reward.shape[0]):
+            if next_step:
+                live = ~self.after_done
+                ret += reward[t] * live
+                length += live
+                ended = done[t] & live
+                self.after_done = ended
+            else:
+                ret += reward[t]
+                length += 1
+                ended = done[t]
+            if ended.any():
+                i = np.flatnonzero(ended)
+                out_r.append(ret[i].copy())
+                out_l.append(length[i].copy())
+                ret[i], length[i] = 0, 0
+        if out_r:
+            self.pending.append(
+                (None, {"ret": np.concatenate(out_r), "len": np.concatenate(out_l)})
+            )
 
     def flush(self) -> None:
         """Queue the host copy of the finished episodes (CPU: they are host arrays already)."""
@@ -202,10 +229,12 @@ class EpisodeLog:
             if event is not None:
                 event.synchronize()  # the copy has landed: now the host may read it (I4)
                 got = {k: v.numpy() for k, v in got.items()}
-            t, i = np.nonzero(got["done"])
-            returns.extend(got["ret"][t, i].tolist())
-            lengths.extend(got["len"][t, i].tolist())
-            count += t.size
+            if "done" in got:  # a [T, N] batch from the device
+                t, i = np.nonzero(got["done"])
+                got = {"ret": got["ret"][t, i], "len": got["len"][t, i]}
+            returns.extend(got["ret"].tolist())
+            lengths.extend(got["len"].tolist())
+            count += len(got["ret"])
         self.pending.clear()
         return count
 
