@@ -210,7 +210,7 @@ def make_vec_env(
     from rlstash.envs import ProcessPoolVectorEnv
 
     if is_batched(env_id):
-        return _make_batched(env_id, num_envs, workers, history, device)
+        return make_batched_env(env_id, num_envs, workers, device, history)
 
     source = (
         _factory(env_id, history) if history else env_id
@@ -218,10 +218,17 @@ def make_vec_env(
     return ProcessPoolVectorEnv(source, num_envs=num_envs, num_workers=workers, seed=seed)
 
 
-def _make_batched(
-    env_id: str, num_envs: int, workers: int | str, history: int, device: torch.device | None
+def make_batched_env(
+    env_id: str,
+    num_envs: int,
+    workers: int | str,
+    device: torch.device | None,
+    history: int = 0,
+    same_step: bool = False,
 ) -> Any:
+    """One of rlstash's batched torch envs on ``device`` (next-step or same-step autoreset)."""
     import gymnasium as gym
+    from gymnasium.vector import AutoresetMode
 
     from rlstash.envs.batched import REFERENCE_IDS
 
@@ -235,8 +242,13 @@ def _make_batched(
             f"workers: {env_id} steps all its envs in this process on --device, got "
             f"--workers {workers}; drop --workers (or use {REFERENCE_IDS[env_id]})"
         )
+    mode = AutoresetMode.SAME_STEP if same_step else AutoresetMode.NEXT_STEP
     return gym.make_vec(
-        env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", device=device or "cpu"
+        env_id,
+        num_envs=num_envs,
+        vectorization_mode="vector_entry_point",
+        device=device or "cpu",
+        autoreset_mode=mode,
     )
 
 

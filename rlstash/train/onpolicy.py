@@ -115,16 +115,20 @@ def build_onpolicy_run(cfg: Any, run_dir: Path, state: dict[str, Any] | None = N
         source = _env_source(cfg.env, info.act_space, agent_cfg)
         # same-step autoreset: every row a real step (next-step mode spends a row per episode
         # end on a reset step); final observations come with the batch for bootstrapping
-        env = ProcessPoolVectorEnv(
-            source, num_envs=num_envs, num_workers=cfg.workers, autoreset_mode="same_step"
-        )
+        batched = builders.is_batched(cfg.env)  # a torch env: its tensors stay on `device`
+        if batched:
+            env = builders.make_batched_env(cfg.env, num_envs, cfg.workers, device, same_step=True)
+        else:
+            env = ProcessPoolVectorEnv(
+                source, num_envs=num_envs, num_workers=cfg.workers, autoreset_mode="same_step"
+            )
         undo.callback(env.close)
         agent = builders.make_agent(cfg, agent_cfg, info, device)
         frames = agent_cfg.rollout_steps * num_envs
         collector = Collector(env, agent.act, frames, device=agent.act_device, seed=cfg.seed + step)
         rollout = RolloutStorage(
             _step_spec(info.obs_space, info.act_space), agent_cfg.rollout_steps, num_envs,
-            same_step=collector.same_step,
+            device=device if batched else "cpu", same_step=collector.same_step,
         )  # fmt: skip
         n_eval = min(cfg.eval_episodes, 10)
         eval_env = ProcessPoolVectorEnv(source, num_envs=n_eval, num_workers=0)
