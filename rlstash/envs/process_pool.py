@@ -48,6 +48,7 @@ from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from rlstash.envs import config
+from rlstash.envs.actions import check_leaf, leaf_spaces
 from rlstash.envs.backend import Backend
 from rlstash.envs.cpus import usable_cpus
 from rlstash.envs.errors import AutoChoiceWarning, RestartEvent, user_stacklevel
@@ -152,6 +153,7 @@ class ProcessPoolVectorEnv(VectorEnv):
         self._act_leaves = act_leaves
         self._act_flat = act_leaves[0] if _is_flat(self.single_action_space) else None
         self._act_names = leaf_paths(self.single_action_space, "actions")
+        self._act_spaces = leaf_spaces(self.single_action_space)
         self._rewards = shared["reward"]
         self._terminated = shared["terminated"]
         self._truncated = shared["truncated"]
@@ -329,8 +331,12 @@ class ProcessPoolVectorEnv(VectorEnv):
         return self.call("render")
 
     def close_extras(self, **kwargs: Any) -> None:
-        """Stop the workers and release shared memory (also on GC and at exit)."""
+        """Stop the workers and release shared memory (also on GC and at exit): the segment's
+        fd at once, the mapping when no ``copy=False`` view of it is left."""
         self._finalizer()
+        self._shared = self._obs_flat = self._act_flat = None  # type: ignore[assignment]
+        self._obs_leaves, self._final_leaves, self._act_leaves = [], [], []
+        self._rewards = self._terminated = self._truncated = self._final = None  # type: ignore[assignment]
 
     def __enter__(self) -> ProcessPoolVectorEnv:
         return self
@@ -411,6 +417,8 @@ class ProcessPoolVectorEnv(VectorEnv):
                 )
             if arr.dtype != view.dtype and not _castable(arr.dtype, view.dtype):
                 raise TypeError(f"{name}: expected dtype {view.dtype}, got {arr.dtype}")
+        for arr, space, name in zip(arrays, self._act_spaces, self._act_names):
+            check_leaf(space, arr, name)
         for arr, view in zip(arrays, self._act_leaves):
             np.copyto(view, arr, casting="unsafe")
 

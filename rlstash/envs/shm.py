@@ -139,15 +139,22 @@ class SharedArrays:
     """Numpy views of every field of a :class:`Layout` over one mapping.
 
     ``fd=None`` maps anonymous private memory (the in-process pool uses the same code path).
+    The mapping is made with ``mmap(2)`` directly (not Python's ``mmap`` object, which keeps a
+    duplicate of ``fd`` open until the object is freed): the only descriptor is the caller's,
+    so closing it releases it at once. The mapping itself lives until :meth:`close` *and*
+    until the last numpy view of it is gone (a caller's ``copy=False`` observation stays
+    valid), then it is unmapped.
     """
 
     def __init__(self, layout: Layout, fd: int | None) -> None:
         self.layout = layout
-        self._mm: mmap.mmap | None = mmap.mmap(-1 if fd is None else fd, layout.nbytes)
+        self._buffer: Any = _map(layout.nbytes, fd)
         self.arrays: dict[str, np.ndarray] = {}
         for f in layout.fields:
             count = int(np.prod(f.shape, dtype=np.int64))
-            flat = np.frombuffer(self._mm, dtype=np.dtype(f.dtype), count=count, offset=f.offset)
+            flat = np.frombuffer(
+                self._buffer, dtype=np.dtype(f.dtype), count=count, offset=f.offset
+            )
             self.arrays[f.name] = flat.reshape(f.shape)
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -158,15 +165,47 @@ class SharedArrays:
         return [a for n, a in self.arrays.items() if n == prefix or n.startswith(prefix + "/")]
 
     def close(self) -> None:
-        """Drop the views and unmap; if callers still hold views, the mapping lives on
-        until they are garbage collected (the memory is anonymous, so nothing leaks)."""
+        """Drop this object's views; the memory is unmapped once no view of it is left."""
         self.arrays = {}
-        mm, self._mm = self._mm, None
-        if mm is not None:
-            try:
-                mm.close()
-            except BufferError:
-                pass
+        self._buffer = None
+
+
+_libc: Any = None
+
+
+def _map(nbytes: int, fd: int | None) -> Any:
+    """A ctypes byte array over a fresh ``mmap`` of ``fd`` (shared) or of anonymous memory;
+    ``munmap`` runs when the array (and so every numpy view of it) is garbage collected."""
+    global _libc
+    import ctypes
+    import weakref
+
+    if _libc is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [
+            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+            ctypes.c_long,
+        ]  # fmt: skip
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        _libc = libc
+    prot = mmap.PROT_READ | mmap.PROT_WRITE
+    if fd is None:
+        flags, fd = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1
+    else:
+        flags = mmap.MAP_SHARED
+    addr = _libc.mmap(None, nbytes, prot, flags, fd, 0)
+    if addr is None or addr == ctypes.c_void_p(-1).value:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap of {nbytes} bytes failed: {os.strerror(err)}")
+
+    class _Mapped(ctypes.c_uint8 * nbytes):  # a subclass: ctypes arrays take no weakrefs
+        pass
+
+    buffer = _Mapped.from_address(addr)
+    unmap = weakref.finalize(buffer, _libc.munmap, addr, nbytes)
+    unmap.atexit = False  # at exit a late reader could still touch a view: let the OS unmap
+    return buffer
 
 
 # --- nested values <-> leaf arrays -------------------------------------------------------

@@ -6,6 +6,8 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -14,6 +16,7 @@ import pytest
 from rlstash.envs import ProcessPoolVectorEnv
 from rlstash.envs.testing import CountEnv
 from tests.envs.helpers import (
+    ROOT,
     finish,
     kill_tree,
     marked_processes,
@@ -126,3 +129,54 @@ def test_garbage_collection_stops_workers():
     gc.collect()
     assert wait_gone(pids, timeout=5) == []
     assert marked_processes(os.getpid()) == []
+
+
+FD_AFTER_CLOSE = r"""
+import gc, os, sys
+import numpy as np
+gc.disable()  # nothing may depend on garbage collection
+from rlstash.envs import ProcessPoolVectorEnv
+from rlstash.envs.testing import CountEnv
+
+def memfds():
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if "rlstash_" in os.readlink(f"/proc/self/fd/{fd}"):
+                out.append(fd)
+        except OSError:
+            pass
+    return out
+
+def mapped():
+    with open("/proc/self/maps") as f:
+        return [line for line in f if "rlstash_" in line]
+
+workers = int(sys.argv[1])
+pool = ProcessPoolVectorEnv(CountEnv, 4, num_workers=workers)
+pool.copy = False
+obs, _ = pool.reset(seed=0)
+obs, *_ = pool.step(np.zeros(4, dtype=np.int64))
+before = len(memfds()) if workers else 1
+pool.close()
+print("fds", before, len(memfds()))
+print("view", float(obs.sum()))  # a copy=False view stays readable after close
+del obs, _
+gc.collect()
+print("maps", len(mapped()))
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_close_releases_the_shared_memory_fd_without_gc(workers):
+    """Issue 9: the segment's fd goes at close(), not when the pool is garbage collected;
+    the mapping goes when the last view is gone."""
+    out = subprocess.run(
+        [sys.executable, "-c", FD_AFTER_CLOSE, str(workers)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    assert lines["fds"].split() == ["1", "0"], out.stdout
+    assert float(lines["view"]) >= 0
+    assert lines["maps"] == "0", out.stdout

@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium import error as gym_error
+from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from rlstash.envs import ProcessPoolVectorEnv, WorkerFailedError
@@ -118,6 +119,52 @@ def test_nested_action_errors_name_the_leaf():
             pool.step(np.zeros(2))
         with pytest.raises(ValueError, match=r"actions\[1\]: expected shape \(2, 2\)"):
             pool.step((np.zeros(2, dtype=np.int64), np.zeros((2, 3))))
+
+
+def test_actions_outside_the_space_are_refused_in_the_parent():
+    """Issue 9: CartPole asserts on a bad action; the worker must not crash (and use up
+    max_restarts=0): the pool refuses in the caller's process, naming the envs."""
+    with ProcessPoolVectorEnv("CartPole-v1", 4, num_workers=2, max_restarts=0) as pool:
+        pool.reset(seed=0)
+        with pytest.raises(
+            ValueError,
+            match=r"actions: 2 action\(s\) outside the action space Discrete\(2\) "
+            r"\(env 1: 2, env 3: -1\); nothing was sent",
+        ):
+            pool.step(np.array([0, 2, 1, -1]))
+        assert pool.restarts == []
+        obs, *_ = pool.step(np.array([0, 1, 1, 0]))  # the pool is still usable
+        assert obs.shape == (4, 4)
+
+
+def test_nested_actions_outside_the_space_name_the_leaf_and_env():
+    with ProcessPoolVectorEnv(SpacesEnv, 3, num_workers=0) as pool:
+        pool.reset()
+        good = (np.array([0, 3, 1]), np.zeros((3, 2)))
+        with pytest.raises(ValueError, match=r"actions\[0\]: 1 action\(s\) .*\(env 2: 4\)"):
+            pool.step((np.array([0, 3, 4]), good[1]))
+        nan = np.zeros((3, 2))
+        nan[1, 0] = np.nan
+        with pytest.raises(
+            ValueError, match=r"actions\[1\]: 1 action\(s\) .*\(env 1: \[nan  0\.\]\)"
+        ):
+            pool.step((good[0], nan))
+        pool.step((good[0], np.full((3, 2), 5.0)))  # out of Box bounds: passed, as gymnasium
+
+
+@pytest.mark.parametrize(
+    "space, values, bad",
+    [
+        (spaces.Discrete(3, start=-1), [-1, 1, 2, -2], [2, 3]),
+        (spaces.MultiDiscrete([2, 3]), [[1, 2], [2, 0], [0, -1]], [1, 2]),
+        (spaces.MultiBinary(2), [[0, 1], [1, 2]], [1]),
+        (spaces.Box(-1, 1, (2,)), [[0, 9], [np.nan, 0]], [1]),
+    ],
+)
+def test_bad_action_rows_per_space(space, values, bad):
+    from rlstash.envs.actions import bad_rows
+
+    assert bad_rows(space, np.asarray(values)).tolist() == bad
 
 
 def test_copies_by_default_views_when_asked(pool):
