@@ -18,6 +18,7 @@ stitched to the fresh one.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,15 @@ from rlstash.envs.errors import (
 from rlstash.envs.shm import SharedArrays
 
 NO_REPORT, REPORT_NOW, REPORT_NEXT = 0, 1, 2
+
+
+def _log_like_gymnasium(env: int, trace: str) -> None:
+    """The three ``gymnasium.logger.error`` lines AsyncVectorEnv writes before re-raising."""
+    from gymnasium import logger
+
+    logger.error(f"Received the following error from Worker-{env} - Shutting it down")
+    logger.error(f"{trace}")
+    logger.error("Raising the last exception back to the main process.")
 
 
 class Backend:
@@ -59,8 +69,13 @@ class Backend:
         exitcode: int | None,
         command: str,
         pid: int = 0,
+        exc: BaseException | None = None,
     ) -> RestartEvent:
-        """Count a failure; warn; raise WorkerFailedError (after closing) past the budget."""
+        """Count a failure; warn; raise WorkerFailedError (after closing) past the budget.
+
+        With ``max_restarts=0`` an exception raised in an env (``exc``) is re-raised as it
+        is, like gymnasium's AsyncVectorEnv does (its ``__cause__`` is the WorkerFailedError
+        that holds the worker's traceback)."""
         count = self.failures.get(worker, 0) + 1
         self.failures[worker] = count
         event = RestartEvent(worker, envs, reason, error, exitcode, count, command, pid)
@@ -68,7 +83,11 @@ class Backend:
         if count > self.max_restarts:
             mine = [e for e in self.events if e.worker == worker]
             self.close()
-            raise WorkerFailedError(worker, envs, count, self.max_restarts, error, mine)
+            failed = WorkerFailedError(worker, envs, count, self.max_restarts, error, mine)
+            if self.max_restarts == 0 and reason == "exception" and exc is not None:
+                _log_like_gymnasium(getattr(exc, "env_index", envs[0]), error)
+                raise exc from failed
+            raise failed
         span = f"{envs[0]}..{envs[-1]}" if len(envs) > 1 else str(envs[0])
         warnings.warn(
             f"env worker {worker} (envs {span}) {reason} during {command}; restarting it "
@@ -84,13 +103,23 @@ class Backend:
         return out
 
     # Interface (implemented by both backends) -------------------------------------------
-    def start(self) -> dict[str, Any]:
+    def start(self, resolve: Callable[[list, list], tuple]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def reset_async(
+        self, seeds: list[int | None], options: dict | None, mask: np.ndarray | None
+    ) -> None:
+        raise NotImplementedError
+
+    def reset_wait(self, timeout: float | None) -> tuple[list[tuple[int, dict]], list[int]]:
         raise NotImplementedError
 
     def reset(
         self, seeds: list[int | None], options: dict | None, mask: np.ndarray | None
     ) -> tuple[list[tuple[int, dict]], list[int]]:
-        raise NotImplementedError
+        """Reset (the masked) envs; returns info parts and the restarted envs."""
+        self.reset_async(seeds, options, mask)
+        return self.reset_wait(None)
 
     def step_async(self) -> None:
         raise NotImplementedError

@@ -12,10 +12,11 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from rlstash.envs.cpus import usable_cpus
-from rlstash.envs.errors import OversubscriptionWarning, user_stacklevel
+from rlstash.envs.errors import OversubscriptionWarning, SpaceMismatchError, user_stacklevel
 from rlstash.envs.launch import START_METHODS, default_start_method
 
 OVERSUBSCRIPTION = 2  # warn when workers > this many times the usable cores
@@ -126,12 +127,12 @@ def num_workers(value: int | str | None, num_envs: int) -> int | str:
     return w
 
 
-def start_method(value: str | None) -> str:
+def start_method(value: str | None, name: str = "context") -> str:
     """Default: forkserver where available, else spawn; fork only when asked."""
     if value is None:
         return default_start_method()
     if value not in START_METHODS:
-        raise ValueError(f"start_method: expected one of {START_METHODS} or None, got {value!r}")
+        raise ValueError(f"{name}: expected one of {START_METHODS} or None, got {value!r}")
     return value
 
 
@@ -155,3 +156,72 @@ def worker_env(value: Mapping[str, str] | None) -> dict[str, str]:
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
         raise TypeError(f"worker_env: expected a dict of str -> str, got {value!r}")
     return {k: str(v) for k, v in value.items()}
+
+
+def observation_mode(value: Any) -> str | tuple:
+    """``"same"``, ``"different"`` or a (batched, single) pair of spaces, as AsyncVectorEnv."""
+    from gymnasium import Space
+
+    if isinstance(value, tuple) and len(value) == 2:
+        if not all(isinstance(s, Space) for s in value):
+            raise TypeError(
+                "observation_mode: expected both elements to be Spaces, got "
+                f"{type(value[0])} and {type(value[1])}"
+            )
+        return value
+    if isinstance(value, str) and value in ("same", "different"):
+        return value
+    raise ValueError(
+        "Invalid `observation_mode`, expected: 'same' or 'different' or tuple of single and "
+        f"batch observation space, actual got {value}"
+    )
+
+
+def space_resolver(mode: str | tuple) -> Callable[[list, list], tuple]:
+    """``resolve(observation_spaces, action_spaces)`` (one per env) -> the single
+    (observation, action) spaces, checked as AsyncVectorEnv checks them for ``mode``.
+
+    Raises:
+        SpaceMismatchError: (a RuntimeError and a ValueError) naming the first env that
+            differs.
+    """
+    from gymnasium.spaces.utils import is_space_dtype_shape_equiv
+
+    def resolve(obs_spaces: list, act_spaces: list) -> tuple:
+        act = act_spaces[0]
+        bad = [i for i, s in enumerate(act_spaces) if s != act]
+        if bad:
+            raise SpaceMismatchError(
+                f"Some environments have an action space different from `{act}`. In order "
+                "to batch actions, the action spaces from all environments must be equal "
+                f"(env {bad[0]}: {act_spaces[bad[0]]}; envs that differ: {bad})."
+            )
+        single = mode[1] if isinstance(mode, tuple) else obs_spaces[0]
+        if mode == "same":
+            bad = [i for i, s in enumerate(obs_spaces) if s != single]
+            if bad:
+                raise SpaceMismatchError(
+                    "ProcessPoolVectorEnv(..., observation_mode='same') however some of the "
+                    "sub-environments observation spaces are not equivalent. If this is "
+                    "intentional, use `observation_mode='different'` instead "
+                    f"(env {bad[0]}: {obs_spaces[bad[0]]}, env 0: {single})."
+                )
+        else:
+            bad = [i for i, s in enumerate(obs_spaces) if not is_space_dtype_shape_equiv(s, single)]
+            if bad:
+                raise SpaceMismatchError(
+                    "ProcessPoolVectorEnv(..., observation_mode='different' or custom space) "
+                    "however the sub-environment's observation spaces do not share a common "
+                    f"shape and dtype (env {bad[0]}: {obs_spaces[bad[0]]}, expected like "
+                    f"{single})."
+                )
+        return single, act
+
+    return resolve
+
+
+def flag(name: str, value: Any) -> bool:
+    """A bool argument (``shared_memory``, ``copy``, ``daemon``); TypeError otherwise."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True or False, got {value!r}")
+    return bool(value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 from dataclasses import dataclass, field
@@ -66,6 +67,18 @@ class WorkerFailedError(RuntimeError):
                 "the pool is closed. Last error"
             )
         super().__init__(f"env worker {worker} (envs {span}) {what}:\n{last_error}")
+
+
+class WaitTimeoutError(multiprocessing.TimeoutError, TimeoutError):
+    """``reset_wait``/``step_wait(timeout=...)``: the envs did not answer within the caller's
+    timeout. Both ``TimeoutError`` and ``multiprocessing.TimeoutError`` (what gymnasium's
+    AsyncVectorEnv raises) catch it. The workers are not restarted; their late answers are
+    discarded before the next command."""
+
+
+class SpaceMismatchError(RuntimeError, ValueError):
+    """The envs of a pool do not have compatible spaces. A ``RuntimeError`` like gymnasium's
+    AsyncVectorEnv raises, and a ``ValueError`` (bad input) as rlstash's checks raise."""
 
 
 class WorkerRestartWarning(UserWarning):

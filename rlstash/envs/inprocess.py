@@ -18,7 +18,7 @@ import numpy as np
 from rlstash.envs.backend import NO_REPORT, REPORT_NEXT, REPORT_NOW, Backend
 from rlstash.envs.errors import WorkerFailedError
 from rlstash.envs.infos import batch_infos
-from rlstash.envs.runner import EnvRunner, check_spaces
+from rlstash.envs.runner import EnvRunner
 from rlstash.envs.shm import Layout, SharedArrays
 
 
@@ -41,35 +41,42 @@ class InProcessBackend(Backend):
         self.runner: EnvRunner | None = None
         self.closed = False
 
-    def _build(self) -> tuple[list, Any, Any]:
+    def _build(self) -> tuple[list, list, list]:
         envs = []
         try:
             for f in self.factories:
                 envs.append(f())
-            obs_space, act_space = check_spaces(envs, 0)
         except BaseException:
             for env in envs:
                 _close_quietly(env)
             raise
-        return envs, obs_space, act_space
+        return envs, [e.observation_space for e in envs], [e.action_space for e in envs]
 
-    def start(self) -> dict[str, Any]:
-        """Build the envs and the arrays; returns spaces, metadata, render_mode, spec."""
+    def start(self, resolve: Callable[[list, list], tuple]) -> dict[str, Any]:
+        """Build the envs and the arrays; returns every env's spaces, metadata, render_mode,
+        spec (``resolve``: as for :meth:`ProcessBackend.start`)."""
         try:
-            envs, obs_space, act_space = self._build()
-        except ValueError:
-            raise
+            envs, obs_spaces, act_spaces = self._build()
         except Exception as exc:
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             raise WorkerFailedError(0, self.envs_idx, 1, 0, text, [], starting=True) from exc
+        try:
+            obs_space, act_space = resolve(obs_spaces, act_spaces)
+        except BaseException:
+            for env in envs:
+                _close_quietly(env)
+            raise
         layout = Layout.build(obs_space, act_space, len(envs), final_obs=self.mode == "same_step")
         self.shared = SharedArrays(layout, None)
         self.spaces = (obs_space, act_space)
+        self.env_spaces = (obs_spaces, act_spaces)
         self.runner = EnvRunner(envs, 0, self.shared, obs_space, act_space, self.mode)
         first = envs[0]
         return {
             "observation_space": obs_space,
             "action_space": act_space,
+            "observation_spaces": obs_spaces,
+            "action_spaces": act_spaces,
             "metadata": dict(getattr(first, "metadata", {}) or {}),
             "render_mode": getattr(first, "render_mode", None),
             "spec": getattr(first, "spec", None),
@@ -83,26 +90,32 @@ class InProcessBackend(Backend):
             for env in self.runner.envs:
                 _close_quietly(env)
             self.runner.envs = []
-            self.record_failure(0, self.envs_idx, "exception", text, None, command)
+            self.record_failure(0, self.envs_idx, "exception", text, None, command, 0, exc)
             try:
-                envs, obs_space, act_space = self._build()
-                if (obs_space, act_space) != self.spaces:
-                    raise ValueError(f"rebuilt envs have spaces {obs_space}, {act_space}")
+                envs, obs_spaces, act_spaces = self._build()
+                if (obs_spaces, act_spaces) != self.env_spaces:
+                    raise ValueError(f"rebuilt envs have spaces {obs_spaces}, {act_spaces}")
                 self.runner = EnvRunner(envs, 0, self.shared, *self.spaces, self.mode)
                 self.runner.reset(self.fresh_seeds(len(envs)), None, None)
                 self.runner.mark_restarted(codes)
                 break
             except Exception as again:
                 text = "".join(traceback.format_exception(type(again), again, again.__traceback__))
-                command = "restart"
+                command, exc = "restart", again
         self.deferred.extend(i for i, c in zip(self.envs_idx, codes) if c == REPORT_NEXT)
         return [i for i, c in zip(self.envs_idx, codes) if c != REPORT_NEXT]
 
-    def reset(
+    def reset_async(
         self, seeds: list[int | None], options: dict | None, mask: np.ndarray | None
-    ) -> tuple[list[tuple[int, dict]], list[int]]:
-        """Reset (the masked) envs; an env that raises triggers a restart."""
+    ) -> None:
+        """Keep the arguments: the reset runs in :meth:`reset_wait`."""
+        self._resetting = (seeds, options, mask)
+
+    def reset_wait(self, timeout: float | None) -> tuple[list[tuple[int, dict]], list[int]]:
+        """Reset (the masked) envs; an env that raises triggers a restart (``timeout``
+        cannot apply in-process and is ignored)."""
         assert self.runner is not None
+        seeds, options, mask = self._resetting
         sub_mask = None if mask is None else mask.tolist()
         try:
             return _parts(self.runner.reset(seeds, options, sub_mask), len(seeds)), []

@@ -21,7 +21,7 @@ import numpy as np
 
 from rlstash.envs import protocol as P
 from rlstash.envs.backend import NO_REPORT, REPORT_NEXT, REPORT_NOW, Backend
-from rlstash.envs.errors import WorkerFailedError
+from rlstash.envs.errors import WaitTimeoutError, WorkerFailedError
 from rlstash.envs.launch import Launcher, WorkerProcess
 from rlstash.envs.shm import Layout, SharedArrays, create_segment, resize_segment
 from rlstash.envs.worker import dumps
@@ -31,11 +31,23 @@ CLOSE_TIMEOUT = 5.0  # seconds for workers to close their envs before SIGKILL
 
 
 class _Failure(Exception):
-    """Internal: one worker failed; carries the reason and the error text."""
+    """Internal: one worker failed; carries the reason, the error text and (for an env's
+    exception that could be unpickled here) the exception itself."""
 
-    def __init__(self, reason: str, error: str) -> None:
+    def __init__(self, reason: str, error: str, exc: BaseException | None = None) -> None:
         super().__init__(reason)
-        self.reason, self.error = reason, error
+        self.reason, self.error, self.exc = reason, error, exc
+
+
+def _unpickle_error(payload: bytes) -> _Failure:
+    reply = pickle.loads(payload)
+    exc = None
+    if "exception" in reply:
+        try:
+            exc = pickle.loads(reply["exception"])
+        except Exception:  # noqa: BLE001 - a class this process cannot import
+            exc = None
+    return _Failure("exception", reply["traceback"], exc)
 
 
 class _Slot:
@@ -49,6 +61,10 @@ class _Slot:
         self.proc: WorkerProcess | None = None
         self.pending = 0  # replies still to read (after an interrupted wait)
         self.send_failed = False
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def describe_exit(code: int | None) -> str:
@@ -97,12 +113,15 @@ class ProcessBackend(Backend):
         self.spaces: dict[str, Any] = {}
         self.owner = os.getpid()
         self.closed = False
+        self._resetting: tuple[list[_Slot], dict] = ([], {})
 
     # --- start ------------------------------------------------------------------------
-    def start(self) -> dict[str, Any]:
+    def start(self, resolve: Callable[[list, list], tuple]) -> dict[str, Any]:
         """Start every worker, build envs, lay out and attach shared memory.
 
-        Returns worker 0's description (spaces, metadata, render_mode, spec).
+        ``resolve(observation_spaces, action_spaces)`` (one per env) checks them and returns
+        the single (observation, action) spaces the layout is built from. Returns worker 0's
+        description (metadata, render_mode, spec) with every env's spaces.
         """
         self.mem_fd = create_segment(0, "pool")
         for slot in self.slots:
@@ -119,20 +138,21 @@ class ProcessBackend(Backend):
                 raise WorkerFailedError(
                     slot.index, slot.envs, 1, 0, f.error, [], starting=True
                 ) from None
-        first = described[0]
-        for slot, d in zip(self.slots, described):
-            self._check_same_spaces(slot, d, first)
+        first = dict(described[0])
+        for key in ("observation_spaces", "action_spaces"):
+            first[key] = [space for d in described for space in d[key]]
+        try:
+            self.single = resolve(first["observation_spaces"], first["action_spaces"])
+        except BaseException:
+            self.close()
+            raise
+        first["observation_space"], first["action_space"] = self.single
         self.spaces = first
-        self.layout = Layout.build(
-            first["observation_space"],
-            first["action_space"],
-            self.num_envs,
-            final_obs=self.mode == "same_step",
-        )
+        self.layout = Layout.build(*self.single, self.num_envs, final_obs=self.mode == "same_step")
         resize_segment(self.mem_fd, self.layout.nbytes)
         self.shared = SharedArrays(self.layout, self.mem_fd)
         for slot in self.slots:
-            self._send(slot, P.ATTACH, pickle.dumps(self.layout))
+            self._send(slot, P.ATTACH, pickle.dumps((self.layout, *self.single)))
         for slot in self.slots:
             try:
                 self._recv(slot, deadline, starting=True)
@@ -147,15 +167,6 @@ class ProcessBackend(Backend):
         import sys
 
         return pickle.dumps((list(sys.path), slot.start, self.mode, slot.blob))
-
-    def _check_same_spaces(self, slot: _Slot, got: dict, want: dict) -> None:
-        for key in ("observation_space", "action_space"):
-            if got[key] != want[key]:
-                self.close()
-                raise ValueError(
-                    f"env {slot.start}: {key} {got[key]} differs from env 0's {want[key]}; "
-                    "every env of a pool needs the same spaces"
-                )
 
     def _procs(self) -> list[WorkerProcess]:
         return [s.proc for s in self.slots if s.proc is not None]
@@ -186,7 +197,7 @@ class ProcessBackend(Backend):
             raise _Failure("timeout", f"no answer within {limit}") from None
         slot.pending -= 1
         if tag == P.ERROR:
-            raise _Failure("exception", pickle.loads(payload)["traceback"])
+            raise _unpickle_error(payload)
         return payload
 
     def _drain(self, slot: _Slot) -> None:
@@ -203,14 +214,12 @@ class ProcessBackend(Backend):
         return death_text(slot.proc)
 
     # --- reset / step -----------------------------------------------------------------
-    def reset(
+    def reset_async(
         self, seeds: list[int | None], options: dict | None, mask: np.ndarray | None
-    ) -> tuple[list[tuple[int, dict]], list[int]]:
-        """Reset (the masked) envs; returns info parts and the restarted envs.
-
-        A worker restarted here resets all its envs; those outside ``mask`` are reported
-        truncated at the next step (code ``REPORT_NEXT``).
-        """
+    ) -> None:
+        """Send RESET to the workers holding (masked) envs; :meth:`reset_wait` reads the
+        replies. A worker restarted then resets all its envs; those outside ``mask`` are
+        reported truncated at the next step (code ``REPORT_NEXT``)."""
         sent, codes = [], {}
         for slot in self.slots:
             rows = slice(slot.envs[0], slot.envs[-1] + 1)
@@ -221,7 +230,13 @@ class ProcessBackend(Backend):
             sent.append(slot)
             in_reset = sub_mask if sub_mask is not None else [True] * len(slot.envs)
             codes[slot.index] = [NO_REPORT if m else REPORT_NEXT for m in in_reset]
-        return self._gather(sent, self._deadline(None), "reset", codes)
+        self._resetting = (sent, codes)
+
+    def reset_wait(self, timeout: float | None) -> tuple[list[tuple[int, dict]], list[int]]:
+        """Info parts and restarted envs of the reset sent by :meth:`reset_async`."""
+        sent, codes = self._resetting
+        self._resetting = ([], {})
+        return self._gather(sent, timeout, "reset", codes)
 
     def step_async(self) -> None:
         """One 5-byte STEP message per worker (actions are already in shared memory)."""
@@ -239,7 +254,7 @@ class ProcessBackend(Backend):
         """Read one reply per worker; restart failed workers (their envs: truncated)."""
         deferred = self.take_deferred()
         codes = {s.index: [REPORT_NOW] * len(s.envs) for s in self.slots}
-        parts, restarted = self._gather(self.slots, self._deadline(timeout), "step", codes)
+        parts, restarted = self._gather(self.slots, timeout, "step", codes)
         return parts, deferred + restarted
 
     def _deadline(self, timeout: float | None) -> float | None:
@@ -247,21 +262,38 @@ class ProcessBackend(Backend):
         return None if t is None else time.monotonic() + t
 
     def _gather(
-        self, slots: list[_Slot], deadline: float | None, command: str, codes: dict
+        self, slots: list[_Slot], timeout: float | None, command: str, codes: dict
     ) -> tuple[list[tuple[int, dict]], list[int]]:
+        """One reply per slot. A worker silent past ``step_timeout`` is restarted; one
+        silent past the caller's ``timeout`` (sooner) is left running and, after the other
+        replies were read, :class:`WaitTimeoutError` is raised."""
+        now = time.monotonic()
+        pool_deadline = None if self.step_timeout is None else now + self.step_timeout
+        caller_deadline = None if timeout is None else now + timeout
+        deadline = _earliest(pool_deadline, caller_deadline)
         parts: list[tuple[int, dict]] = []  # (first env, batched infos of its block)
         failed: list[tuple[_Slot, _Failure]] = []
+        late: list[_Slot] = []
         for slot in slots:
             try:
                 payload = self._recv(slot, deadline)
             except _Failure as f:
-                failed.append((slot, f))
+                if f.reason == "timeout" and deadline == caller_deadline:
+                    late.append(slot)
+                else:
+                    failed.append((slot, f))
                 continue
             if payload:
                 parts.append((slot.start, pickle.loads(payload)))
         restarted: list[int] = []
         for slot, f in failed:
             restarted.extend(self._restart(slot, f, command, codes[slot.index]))
+        if late:
+            envs = [e for slot in late for e in slot.envs]
+            raise WaitTimeoutError(
+                f"The call to `{command}_wait` has timed out after {timeout} second(s) "
+                f"(envs {envs} did not answer; their workers keep running)."
+            )
         return parts, restarted
 
     # --- restart ----------------------------------------------------------------------
@@ -279,8 +311,9 @@ class ProcessBackend(Backend):
             old.close_pipes()
             slot.pending, slot.send_failed = 0, False
             self.record_failure(
-                slot.index, slot.envs, failure.reason, failure.error, code, command, old.pid
-            )
+                slot.index, slot.envs, failure.reason, failure.error, code, command, old.pid,
+                failure.exc,
+            )  # fmt: skip
             try:
                 self._fresh_worker(slot, codes)
                 break
@@ -294,10 +327,11 @@ class ProcessBackend(Backend):
         deadline = time.monotonic() + START_TIMEOUT
         self._send(slot, P.INIT, self._init_payload(slot))
         got = pickle.loads(self._recv(slot, deadline, starting=True))
-        for key in ("observation_space", "action_space"):
-            if got[key] != self.spaces[key]:
-                raise _Failure("exception", f"restarted env {slot.start} has {key} {got[key]}")
-        self._send(slot, P.ATTACH, pickle.dumps(self.layout))
+        rows = slice(slot.envs[0], slot.envs[-1] + 1)
+        for key in ("observation_spaces", "action_spaces"):
+            if got[key] != self.spaces[key][rows]:
+                raise _Failure("exception", f"restarted envs {slot.envs} have {key} {got[key]}")
+        self._send(slot, P.ATTACH, pickle.dumps((self.layout, *self.single)))
         self._recv(slot, deadline, starting=True)
         seeds = self.fresh_seeds(len(slot.envs))
         self._send(slot, P.RESET, pickle.dumps((seeds, None, None, codes)))

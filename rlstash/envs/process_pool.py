@@ -36,22 +36,20 @@ switch. Differences that matter:
 
 from __future__ import annotations
 
-import time
-import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from gymnasium import error as gym_error
+from gymnasium import logger
 from gymnasium.vector import VectorEnv
-from gymnasium.vector.utils import batch_space
+from gymnasium.vector.utils import batch_differing_spaces, batch_space
 
-from rlstash.envs import config
+from rlstash.envs import auto, config
 from rlstash.envs.actions import check_leaf, leaf_spaces
 from rlstash.envs.backend import Backend
-from rlstash.envs.cpus import usable_cpus
-from rlstash.envs.errors import AutoChoiceWarning, RestartEvent, user_stacklevel
+from rlstash.envs.errors import RestartEvent
 from rlstash.envs.infos import merge_infos
 from rlstash.envs.inprocess import InProcessBackend
 from rlstash.envs.launch import child_environ
@@ -68,64 +66,86 @@ class ProcessPoolVectorEnv(VectorEnv):
         num_envs: int | None = None,
         num_workers: int | str | None = None,
         seed: int | None = None,
-        start_method: str | None = None,
+        *,
         step_timeout: float | None = None,
         max_restarts: int = 3,
         autoreset_mode: str | Any = "next_step",
         env_kwargs: Mapping[str, Any] | None = None,
         worker_env: Mapping[str, str] | None = None,
+        context: str | None = None,
+        copy: bool = True,
+        observation_mode: str | tuple = "same",
+        shared_memory: bool = True,
+        daemon: bool = True,
     ) -> None:
         """Start the envs.
 
         Args:
             env_fns: a registered env id (``gymnasium.make(env_fns, **env_kwargs)``), a
                 zero-argument env factory (lambdas are fine: cloudpickle), or one factory per
-                env.
+                env (as for AsyncVectorEnv).
             num_envs: number of envs N (default: ``len(env_fns)`` for a list).
             num_workers: worker processes W; None: the usable CPU cores (affinity, cgroup
                 quota), at most N; 0: in this process; ``"auto"``: time both, pick the faster.
             seed: env i's first reset uses ``seed + i`` (unless reset gets a seed); restart
                 seeds come from ``numpy.random.default_rng(seed)``.
-            start_method: ``"forkserver"`` (default where available), ``"spawn"``, ``"fork"``.
             step_timeout: seconds a worker may take per step/reset/call before it is killed
                 and restarted; None waits (a dead worker is still detected at once).
-            max_restarts: failures tolerated per worker before :class:`WorkerFailedError`.
+            max_restarts: failures tolerated per worker before :class:`WorkerFailedError`;
+                with 0, an exception raised in an env is re-raised here as it is.
             autoreset_mode: ``"next_step"`` (default), ``"same_step"``, ``"disabled"`` or a
-                ``gymnasium.vector.AutoresetMode``.
+                ``gymnasium.vector.AutoresetMode`` (or its value).
             env_kwargs: keyword arguments for every factory / ``gymnasium.make``.
             worker_env: extra environment variables for workers, e.g.
                 ``{"OMP_NUM_THREADS": "4"}`` (defaults: CUDA hidden, one thread per library).
+            context: how workers start: ``"forkserver"`` (default where available),
+                ``"spawn"`` or ``"fork"`` (AsyncVectorEnv's name; ``start_method`` before).
+            copy: return copies of observations (True) or views of shared memory valid until
+                the next ``step``/``reset`` (False).
+            observation_mode: ``"same"`` (every env has env 0's space), ``"different"``
+                (same shapes and dtypes, other bounds) or a (batched, single) pair of spaces.
+            shared_memory: accepted for AsyncVectorEnv code; observations always go through
+                shared memory (both values behave the same).
+            daemon: accepted for AsyncVectorEnv code; workers always end with this process
+                and may always start processes of their own (both values behave the same).
         """
         fns = config.factories(env_fns, num_envs, env_kwargs)
         n = len(fns)
         mode = config.autoreset_mode(autoreset_mode)
         workers = config.num_workers(num_workers, n)
-        method = config.start_method(start_method)
+        method = config.start_method(context)
         timeout = config.step_timeout(step_timeout)
         restarts = config.check_positive_int("max_restarts", max_restarts, minimum=0)
+        obs_mode = config.observation_mode(observation_mode)
+        self.copy = config.flag("copy", copy)
+        self.shared_memory = config.flag("shared_memory", shared_memory)
+        self.daemon = config.flag("daemon", daemon)
         self._seed = config.seed(seed)
         environ = child_environ(config.worker_env(worker_env))
         rng = np.random.default_rng(self._seed)
+        resolve = config.space_resolver(obs_mode)
 
         def processes(w: int) -> ProcessBackend:
             return ProcessBackend(fns, w, mode, method, environ, timeout, restarts, rng)
 
         self.auto_timing: dict[str, float] = {}
         if workers == "auto":
-            backend, described = self._choose(fns, mode, restarts, rng, processes)
+            backend, described, self.auto_timing = auto.choose(
+                fns, mode, restarts, rng, processes, resolve
+            )
         else:
             backend = (
                 InProcessBackend(fns, mode, restarts, rng) if workers == 0 else processes(workers)
             )
-            described = _start(backend)
+            described = auto.start(backend, resolve)
         self._backend: Backend = backend
         self._finalizer = weakref.finalize(self, backend.close)
         self.num_envs = n
         self.num_workers: int = backend.num_workers
-        self.start_method: str | None = method if backend.num_workers else None
+        self.context: str | None = method if backend.num_workers else None
         self.step_timeout = timeout
         self.max_restarts = restarts
-        self.copy = True
+        self.observation_mode = obs_mode
         self._mode = mode
         self.autoreset_mode = config.MODE_ENUM[mode]
         self.metadata = {**described["metadata"], "autoreset_mode": self.autoreset_mode}
@@ -133,13 +153,18 @@ class ProcessPoolVectorEnv(VectorEnv):
         self.spec = described.get("spec")
         self.single_observation_space = described["observation_space"]
         self.single_action_space = described["action_space"]
-        self.observation_space = batch_space(self.single_observation_space, n)
+        self.observation_space = _batched_obs_space(obs_mode, described, n)
         self.action_space = batch_space(self.single_action_space, n)
         self._bind_arrays()
         self._reset_once = False
-        self._waiting = False
-        self._pending_call: tuple[str, tuple, dict] | None = None  # reset_async / call_async
+        self._state = _IDLE  # or the pending call: "reset", "step", "call"
+        self._pending_call: tuple[str, tuple, dict] | None = None  # call_async
         self._needs_reset = np.zeros(n, dtype=bool)  # disabled mode: ended, not reset yet
+
+    @property
+    def start_method(self) -> str | None:
+        """The start method of the workers (``context``); None in-process."""
+        return self.context
 
     # --- construction helpers ---------------------------------------------------------
     def _bind_arrays(self) -> None:
@@ -159,46 +184,6 @@ class ProcessPoolVectorEnv(VectorEnv):
         self._truncated = shared["truncated"]
         self._final = shared["final"]
 
-    def _choose(
-        self,
-        fns: list[Callable],
-        mode: str,
-        restarts: int,
-        rng: np.random.Generator,
-        processes: Callable[[int], ProcessBackend],
-    ) -> tuple[Backend, dict]:
-        """``num_workers="auto"``: time a few steps in-process and with worker processes."""
-        inproc = InProcessBackend(fns, mode, restarts, rng)
-        described = _start(inproc)
-        w = min(usable_cpus(), len(fns))
-        chosen: Backend = inproc
-        if w < 2:
-            self.auto_timing = {"in_process": _StepTimer(inproc, described, len(fns)).rate()}
-        else:
-            procs = processes(w)
-            try:
-                _start(procs)
-                # interleaved short rounds, medians: a burst of other load hits both alike
-                timers = [_StepTimer(b, described, len(fns)) for b in (inproc, procs)]
-                rounds = [[t.rate(budget=0.04) for t in timers] for _ in range(_AUTO_ROUNDS)]
-                rate_in, rate_procs = (float(np.median(r)) for r in zip(*rounds))
-            except BaseException:
-                procs.close()
-                inproc.close()
-                raise
-            self.auto_timing = {"in_process": rate_in, f"processes_{w}": rate_procs}
-            chosen = procs if rate_procs > rate_in else inproc
-            (inproc if chosen is procs else procs).close()
-        where = f"{w} worker processes" if chosen is not inproc else "in-process (num_workers=0)"
-        timing = ", ".join(f"{k}: {v:,.0f} env steps/s" for k, v in self.auto_timing.items())
-        warnings.warn(
-            f'ProcessPoolVectorEnv(num_workers="auto") chose {where} ({timing}); pass num_workers '
-            "explicitly to skip the timing",
-            AutoChoiceWarning,
-            stacklevel=user_stacklevel(),
-        )
-        return chosen, described
-
     # --- gymnasium VectorEnv API ------------------------------------------------------
     def reset(
         self,
@@ -208,24 +193,38 @@ class ProcessPoolVectorEnv(VectorEnv):
     ) -> tuple[Any, dict[str, Any]]:
         """Reset all envs (or those in ``options["reset_mask"]``); returns (obs, infos).
 
-        ``seed``: None (first reset: the pool's ``seed + i``), an int (``seed + i``) or one
-        seed per env.
+        ``seed``: None (first reset: the pool's ``seed + i``), an int (env i gets
+        ``seed + i``) or one seed per env.
         """
+        self.reset_async(seed=seed, options=options)
+        return self.reset_wait()
+
+    def reset_async(
+        self, seed: int | Sequence[int | None] | None = None, options: dict | None = None
+    ) -> None:
+        """Send the reset to the workers; :meth:`reset_wait` collects it."""
         self._check_open()
-        if self._waiting:
-            raise gym_error.AlreadyPendingCallError(
-                "reset() while step_async() waits: call step_wait() first", "step"
-            )
         seeds = self._seeds(seed)
+        self._expect_idle("reset_async")
         options = dict(options) if options is not None else None
         mask = _pop_mask(options, self.num_envs)
         super().reset(seed=seed if isinstance(seed, int) else None)
-        entries, restarted = self._backend.reset(seeds, options, mask)
+        self._backend.reset_async(seeds, options, mask)
+        self._state, self._reset_mask = "reset", mask
+
+    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
+        """Finish :meth:`reset_async`: (obs, infos). ``timeout``: seconds to wait before
+        :class:`~rlstash.envs.errors.WaitTimeoutError` (a ``TimeoutError``)."""
+        self._check_open()
+        if self._state != "reset":
+            raise gym_error.NoAsyncCallError(
+                "Calling `reset_wait` without any prior call to `reset_async`.", "reset"
+            )
+        self._state = _IDLE
+        entries, restarted = self._backend.reset_wait(timeout)
         self._reset_once = True
-        if mask is None:
-            self._needs_reset[:] = False
-        else:
-            self._needs_reset[mask] = False
+        mask = self._reset_mask
+        self._needs_reset[slice(None) if mask is None else mask] = False
         infos = self._infos(entries, restarted, finals=False)
         return self._read_obs(), infos
 
@@ -237,8 +236,7 @@ class ProcessPoolVectorEnv(VectorEnv):
     def step_async(self, actions: Any) -> None:
         """Validate and write ``actions`` (batched, ``action_space``) and start the step."""
         self._check_open()
-        if self._waiting:
-            raise gym_error.AlreadyPendingCallError("step_async() called twice", "step")
+        self._expect_idle("step_async", end=".")
         if not self._reset_once:
             raise gym_error.ResetNeeded("ProcessPoolVectorEnv: call reset() before step()")
         if self._mode == "disabled" and self._needs_reset.any():
@@ -249,17 +247,20 @@ class ProcessPoolVectorEnv(VectorEnv):
             )
         self._write_actions(actions)
         self._backend.step_async()
-        self._waiting = True
+        self._state = "step"
 
     def step_wait(
         self, timeout: float | None = None
     ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
-        """Finish the step started by :meth:`step_async` (``timeout`` overrides
-        ``step_timeout`` for this wait)."""
+        """Finish the step started by :meth:`step_async`. ``timeout``: seconds to wait
+        before :class:`~rlstash.envs.errors.WaitTimeoutError` (a ``TimeoutError``; the
+        workers keep running); ``step_timeout`` still restarts a hung worker."""
         self._check_open()
-        if not self._waiting:
-            raise gym_error.NoAsyncCallError("step_wait() without step_async()", "step")
-        self._waiting = False
+        if self._state != "step":
+            raise gym_error.NoAsyncCallError(
+                "Calling `step_wait` without any prior call to `step_async`.", "step"
+            )
+        self._state = _IDLE
         entries, restarted = self._backend.step_wait(timeout)
         infos = (
             self._infos(entries, restarted, finals=self._mode == "same_step")
@@ -273,39 +274,27 @@ class ProcessPoolVectorEnv(VectorEnv):
             return self._read_obs(), self._rewards.copy(), term.copy(), trunc.copy(), infos
         return self._read_obs(), self._rewards, term, trunc, infos
 
-    def reset_async(
-        self, seed: int | Sequence[int | None] | None = None, options: dict | None = None
-    ) -> None:
-        """Like ``AsyncVectorEnv.reset_async``: the reset runs in :meth:`reset_wait`."""
-        self._check_idle()
-        self._pending_call = ("reset", (), {"seed": seed, "options": options})
-
-    def reset_wait(self, timeout: float | None = None) -> tuple[Any, dict[str, Any]]:
-        """Finish :meth:`reset_async` (``timeout`` is ``step_timeout``'s job here)."""
-        _, _, kwargs = self._take_pending("reset")
-        return self.reset(**kwargs)
-
     def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
         """Like ``AsyncVectorEnv.call_async``: the call runs in :meth:`call_wait`."""
-        self._check_idle()
-        self._pending_call = (name, args, kwargs)
+        self._check_open()
+        self._expect_idle("call_async", end=".")
+        self._pending_call, self._state = (name, args, kwargs), "call"
 
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
-        """Finish :meth:`call_async`."""
-        name, args, kwargs = self._take_pending(None)
+        """Finish :meth:`call_async` (``timeout``: ``step_timeout``'s job here)."""
+        self._check_open()
+        if self._state != "call" or self._pending_call is None:
+            raise gym_error.NoAsyncCallError(
+                "Calling `call_wait` without any prior call to `call_async`.", "call"
+            )
+        (name, args, kwargs), self._pending_call = self._pending_call, None
+        self._state = _IDLE
         return self.call(name, *args, **kwargs)
-
-    def _take_pending(self, want: str | None) -> tuple[str, tuple, dict]:
-        pending, self._pending_call = self._pending_call, None
-        if pending is None or (want == "reset") != (pending[0] == "reset"):
-            self._pending_call = pending
-            what = "reset_async()" if want == "reset" else "call_async()"
-            raise gym_error.NoAsyncCallError(f"no pending {what}", want or "call")
-        return pending
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """``env.get_wrapper_attr(name)(*args, **kwargs)`` (or the attribute) per env."""
-        self._check_idle()
+        self._check_open()
+        self._expect_idle("call", end=".")
         if name in ("reset", "step", "close"):
             raise ValueError(f"name: call({name!r}) is not allowed, use pool.{name}() instead")
         return tuple(self._backend.call(name, args, kwargs))
@@ -316,7 +305,7 @@ class ProcessPoolVectorEnv(VectorEnv):
 
     def set_attr(self, name: str, values: Any) -> None:
         """Set ``name`` on every env: one value per env (list/tuple of N) or one for all."""
-        self._check_idle()
+        self._check_open()
         if not isinstance(values, (list, tuple)):
             values = [values] * self.num_envs
         if len(values) != self.num_envs:
@@ -324,15 +313,33 @@ class ProcessPoolVectorEnv(VectorEnv):
                 f"values: expected a list or tuple of {self.num_envs} values (one per env), "
                 f"got {len(values)}"
             )
+        self._expect_idle("set_attr", end=".")
         self._backend.set_attr(name, list(values))
 
     def render(self) -> tuple[Any, ...] | None:
         """Every env's ``render()``."""
         return self.call("render")
 
-    def close_extras(self, **kwargs: Any) -> None:
+    @property
+    def np_random_seed(self) -> tuple[int, ...]:
+        """Every env's ``np_random_seed`` (env i after ``reset(seed=s)``: ``s + i``)."""
+        return self.get_attr("np_random_seed")
+
+    @property
+    def np_random(self) -> tuple[np.random.Generator, ...]:
+        """Every env's random generator (copies: the envs live in the workers)."""
+        return self.get_attr("np_random")
+
+    def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
         """Stop the workers and release shared memory (also on GC and at exit): the segment's
-        fd at once, the mapping when no ``copy=False`` view of it is left."""
+        fd at once, the mapping when no ``copy=False`` view of it is left. A pending call is
+        abandoned (with gymnasium's warning); ``timeout``/``terminate`` change nothing: workers
+        get ``CLOSE`` and are killed if they do not end within a few seconds."""
+        if self._state != _IDLE:
+            logger.warn(
+                f"Calling `close` while waiting for a pending call to `{self._state}` to complete."
+            )
+            self._state = _IDLE
         self._finalizer()
         self._shared = self._obs_flat = self._act_flat = None  # type: ignore[assignment]
         self._obs_leaves, self._final_leaves, self._act_leaves = [], [], []
@@ -363,7 +370,8 @@ class ProcessPoolVectorEnv(VectorEnv):
     def worker_info(self) -> list[dict[str, Any]]:
         """Per worker: ``pid``, ``ppid``, ``modules`` (its ``sys.modules`` names), ``environ``
         (CUDA_VISIBLE_DEVICES and thread variables), ``num_envs``, ``start``."""
-        self._check_idle()
+        self._check_open()
+        self._expect_idle("worker_info", end=".")
         if not self.num_workers:
             return []
         return self._backend.worker_info()  # type: ignore[attr-defined]
@@ -386,10 +394,14 @@ class ProcessPoolVectorEnv(VectorEnv):
                 "ProcessPoolVectorEnv is closed (a worker failed)"
             )
 
-    def _check_idle(self) -> None:
-        self._check_open()
-        if self._waiting:
-            raise gym_error.AlreadyPendingCallError("a step is pending: call step_wait()", "step")
+    def _expect_idle(self, what: str, end: str = "") -> None:
+        """AlreadyPendingCallError, in gymnasium's words, while a call is pending."""
+        if self._state != _IDLE:
+            raise gym_error.AlreadyPendingCallError(
+                f"Calling `{what}` while waiting for a pending call to `{self._state}` to "
+                f"complete{end}",
+                self._state,
+            )
 
     def _seeds(self, seed: Any) -> list[int | None]:
         n = self.num_envs
@@ -437,7 +449,7 @@ class ProcessPoolVectorEnv(VectorEnv):
             if ended.size:
                 final_obs = np.full(self.num_envs, None, dtype=object)
                 for i in ended.tolist():
-                    final_obs[i] = copy_tree(
+                    final_obs[i] = _element(
                         assemble(self.single_observation_space, self._final_leaves, i)
                     )
                 mask = np.zeros(self.num_envs, dtype=bool)
@@ -453,12 +465,26 @@ class ProcessPoolVectorEnv(VectorEnv):
         return infos
 
 
-def _start(backend: Backend) -> dict:
-    try:
-        return backend.start()
-    except BaseException:
-        backend.close()
-        raise
+_IDLE = "default"  # gymnasium's AsyncState.DEFAULT value
+
+
+def _element(value: Any) -> Any:
+    """One env's value copied out of shared memory, typed as ``space.sample()`` types it:
+    numpy scalars for Discrete (0-d rows), arrays otherwise, dicts/tuples kept."""
+    if isinstance(value, dict):
+        return {k: _element(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_element(v) for v in value)
+    return value.copy() if isinstance(value, np.ndarray) else value
+
+
+def _batched_obs_space(mode: str | tuple, described: dict, n: int) -> Any:
+    """The batched observation space for ``observation_mode``, as AsyncVectorEnv builds it."""
+    if isinstance(mode, tuple):
+        return mode[0]
+    if mode == "different":
+        return batch_differing_spaces(described["observation_spaces"])
+    return batch_space(described["observation_space"], n)
 
 
 def _is_flat(space: Any) -> bool:
@@ -486,36 +512,3 @@ def _pop_mask(options: dict | None, n: int) -> np.ndarray | None:
     if not mask.any():
         raise ValueError("options['reset_mask']: expected at least one True value, got none")
     return mask
-
-
-_AUTO_ROUNDS = 5  # num_workers="auto": interleaved timing rounds per candidate
-
-
-class _StepTimer:
-    """Times env steps of a started ``backend`` with random actions (reset and one warm-up
-    step on construction); ``rate()`` may be called repeatedly, interleaved with others."""
-
-    def __init__(self, backend: Backend, described: dict, n: int):
-        self.backend, self.n = backend, n
-        space = batch_space(described["action_space"], n)
-        space.seed(0)
-        actions = flatten_value(space, space.sample(), "actions")
-        for view, a in zip(backend.shared.leaves("act"), actions):
-            np.copyto(view, np.asarray(a), casting="unsafe")
-        backend.reset([None] * n, None, None)
-        backend.step_async()
-        backend.step_wait(None)  # warm-up
-        self.ended = backend.shared["terminated"] | backend.shared["truncated"]
-
-    def rate(self, budget: float = 0.15) -> float:
-        """Env steps per second over about ``budget`` seconds (at least 3 steps, at most 500)."""
-        backend, ended = self.backend, self.ended
-        steps, t0 = 0, time.perf_counter()
-        while steps < 3 or (time.perf_counter() - t0 < budget and steps < 500):
-            if backend.mode == "disabled" and ended.any():  # type: ignore[attr-defined]
-                backend.reset([None] * self.n, None, ended)
-            backend.step_async()
-            backend.step_wait(None)
-            np.logical_or(backend.shared["terminated"], backend.shared["truncated"], out=ended)
-            steps += 1
-        return steps * self.n / (time.perf_counter() - t0)

@@ -71,17 +71,22 @@ class EnvRunner:
         as ``(j, info)`` (``j``: index within this runner); clears flags and autoreset marks."""
         infos = []
         write_obs = self._write_obs
-        for j, env in enumerate(self.envs):
-            if mask is not None and not mask[j]:
-                continue
-            obs, info = env.reset(seed=seeds[j], options=options)
-            write_obs(j, obs)
-            self.autoreset[j] = False
-            self._pending.discard(j)
-            self._reward[j] = 0.0
-            self._terminated[j] = self._truncated[j] = self._final[j] = False
-            if info:
-                infos.append((j, info))
+        j = 0
+        try:
+            for j, env in enumerate(self.envs):
+                if mask is not None and not mask[j]:
+                    continue
+                obs, info = env.reset(seed=seeds[j], options=options)
+                write_obs(j, obs)
+                self.autoreset[j] = False
+                self._pending.discard(j)
+                self._reward[j] = 0.0
+                self._terminated[j] = self._truncated[j] = self._final[j] = False
+                if info:
+                    infos.append((j, info))
+        except Exception as exc:
+            _tag(exc, self.start + j)
+            raise
         return infos
 
     def step(self) -> list[tuple[int, dict]]:
@@ -104,25 +109,30 @@ class EnvRunner:
         write_obs, obs_rows = self._write_obs, self._obs_rows
         next_step = self.mode == "next_step"
         rewards, terms, truncs, infos = [], [], [], []
-        for j in js:
-            if autoreset[j] and next_step:
-                obs, info = envs[j].reset()
-                reward, term, trunc = 0.0, False, False
-            else:
-                obs, reward, term, trunc, info = envs[j].step(actions[j])
-            if obs_rows is None:
-                write_obs(j, obs)
-            else:
-                try:
-                    obs_rows[j] = obs  # fast path: one flat array
-                except (ValueError, TypeError):
-                    write_obs(j, obs)  # raises the error that names the env
-            rewards.append(reward)
-            terms.append(term)
-            truncs.append(trunc)
-            autoreset[j] = term or trunc
-            if info:
-                infos.append((j, info))
+        j = 0
+        try:
+            for j in js:
+                if autoreset[j] and next_step:
+                    obs, info = envs[j].reset()
+                    reward, term, trunc = 0.0, False, False
+                else:
+                    obs, reward, term, trunc, info = envs[j].step(actions[j])
+                if obs_rows is None:
+                    write_obs(j, obs)
+                else:
+                    try:
+                        obs_rows[j] = obs  # fast path: one flat array
+                    except (ValueError, TypeError):
+                        write_obs(j, obs)  # raises the error that names the env
+                rewards.append(reward)
+                terms.append(term)
+                truncs.append(trunc)
+                autoreset[j] = term or trunc
+                if info:
+                    infos.append((j, info))
+        except Exception as exc:
+            _tag(exc, self.start + j)
+            raise
         self._reward[rows] = rewards
         self._terminated[rows] = terms
         self._truncated[rows] = truncs
@@ -133,21 +143,26 @@ class EnvRunner:
         write_obs, write_final, envs = self._write_obs, self._write_final, self.envs
         assert write_final is not None
         rewards, terms, truncs, finals, infos = [], [], [], [], []
-        for j in js:
-            obs, reward, term, trunc, info = envs[j].step(actions[j])
-            done = bool(term or trunc)
-            if done:
-                write_final(j, obs)
-                obs, reset_info = envs[j].reset()
-                if info or reset_info:
-                    info = {"final_info": info, **reset_info}
-            write_obs(j, obs)
-            rewards.append(reward)
-            terms.append(term)
-            truncs.append(trunc)
-            finals.append(done)
-            if info:
-                infos.append((j, info))
+        j = 0
+        try:
+            for j in js:
+                obs, reward, term, trunc, info = envs[j].step(actions[j])
+                done = bool(term or trunc)
+                if done:
+                    write_final(j, obs)
+                    obs, reset_info = envs[j].reset()
+                    if info or reset_info:
+                        info = {"final_info": info, **reset_info}
+                write_obs(j, obs)
+                rewards.append(reward)
+                terms.append(term)
+                truncs.append(trunc)
+                finals.append(done)
+                if info:
+                    infos.append((j, info))
+        except Exception as exc:
+            _tag(exc, self.start + j)
+            raise
         self._reward[rows] = rewards
         self._terminated[rows] = terms
         self._truncated[rows] = truncs
@@ -206,6 +221,14 @@ class EnvRunner:
         self.envs = []
         if first is not None:
             raise first
+
+
+def _tag(exc: Exception, env: int) -> None:
+    """Mark ``exc`` with the pool index of the env that raised it (``exc.env_index``)."""
+    try:
+        exc.env_index = env  # type: ignore[attr-defined]
+    except AttributeError:  # exceptions with __slots__
+        pass
 
 
 def check_spaces(envs: list[Env], first_index: int) -> tuple[spaces.Space, spaces.Space]:

@@ -7,7 +7,7 @@ server or the parent (``forkserver``/``fork``: :func:`serve`), with CUDA hidden 
 libraries limited to one thread by the environment the launcher sets.
 
 Protocol (see :mod:`rlstash.envs.protocol`): the pool sends INIT (factories), the worker
-answers with its spaces; ATTACH (shared-memory layout); then RESET / STEP / CALL / SETATTR /
+answers with its envs' spaces; ATTACH (shared-memory layout and the pool's single spaces); ATTACH (shared-memory layout); then RESET / STEP / CALL / SETATTR /
 INFO / CLOSE, each answered by exactly one OK or ERROR reply. Errors carry the traceback.
 The worker ignores SIGINT (its parent stops it) and exits when its parent is gone: end of
 file on the command pipe, or a watchdog thread that sees its parent process change.
@@ -26,7 +26,7 @@ from typing import Any
 
 from rlstash.envs import protocol as P
 from rlstash.envs.infos import batch_infos
-from rlstash.envs.runner import EnvRunner, check_spaces
+from rlstash.envs.runner import EnvRunner
 from rlstash.envs.shm import Layout, SharedArrays
 
 WATCHDOG_PERIOD = 0.25  # seconds between checks that the parent process still exists
@@ -43,9 +43,16 @@ def dumps(obj: Any) -> bytes:
 
 
 def error_payload(exc: BaseException) -> bytes:
-    """The ERROR reply: exception type, message and formatted traceback (all strings)."""
+    """The ERROR reply: exception type, message and formatted traceback (all strings), and
+    the exception itself when it pickles (so the pool can re-raise it with its type)."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return pickle.dumps({"type": type(exc).__name__, "message": str(exc), "traceback": text})
+    reply = {"type": type(exc).__name__, "message": str(exc), "traceback": text}
+    try:
+        reply["exception"] = pickle.dumps(exc.with_traceback(None))
+        pickle.loads(reply["exception"])  # classes the pool cannot import are left out
+    except Exception:  # noqa: BLE001 - the strings above are enough then
+        reply.pop("exception", None)
+    return pickle.dumps(reply)
 
 
 class _Worker:
@@ -72,11 +79,10 @@ class _Worker:
                     f"env factory for env {self.start + len(self.envs) - 1} returned "
                     f"{type(env).__name__}, expected a gymnasium.Env"
                 )
-        self.spaces = check_spaces(self.envs, self.start)
         first = self.envs[0]
         info = {
-            "observation_space": self.spaces[0],
-            "action_space": self.spaces[1],
+            "observation_spaces": [env.observation_space for env in self.envs],
+            "action_spaces": [env.action_space for env in self.envs],
             "metadata": dict(getattr(first, "metadata", {}) or {}),
             "render_mode": getattr(first, "render_mode", None),
         }
@@ -87,7 +93,9 @@ class _Worker:
         return dumps(info)
 
     def attach(self, payload: bytes) -> bytes:
-        layout: Layout = pickle.loads(payload)
+        layout: Layout
+        layout, *spaces = pickle.loads(payload)  # the pool's single obs/action spaces
+        self.spaces = tuple(spaces)
         self.shared = SharedArrays(layout, self.mem_fd)
         self.runner = EnvRunner(self.envs, self.start, self.shared, *self.spaces, self.mode)
         return b""

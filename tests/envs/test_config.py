@@ -23,7 +23,7 @@ from rlstash.envs.testing import CountEnv
         ({"num_envs": 2.0}, TypeError, r"num_envs: expected an int"),
         ({"num_workers": -1}, ValueError, r"num_workers: expected an int >= 0, got -1"),
         ({"num_workers": "many"}, ValueError, r"num_workers: expected an int >= 0, None or 'auto'"),
-        ({"start_method": "thread"}, ValueError, r"start_method: expected one of"),
+        ({"context": "thread"}, ValueError, r"context: expected one of"),
         ({"step_timeout": 0}, ValueError, r"step_timeout: expected seconds > 0"),
         ({"max_restarts": -1}, ValueError, r"max_restarts: expected an int >= 0"),
         ({"autoreset_mode": "sometimes"}, ValueError, r"autoreset_mode: expected one of"),

@@ -32,7 +32,7 @@ COLLECT = """
 import os, sys, numpy as np
 from rlstash.envs import ProcessPoolVectorEnv
 method = sys.argv[1] if len(sys.argv) > 1 else "{method}"
-pool = ProcessPoolVectorEnv("{env}", 8, num_workers=4, start_method=method, seed=0, env_kwargs={kwargs})
+pool = ProcessPoolVectorEnv("{env}", 8, num_workers=4, context=method, seed=0, env_kwargs={kwargs})
 pool.reset()
 actions = np.zeros(8, dtype=np.int64)
 for i in range(20):

@@ -257,7 +257,7 @@ def test_disabled_mode_and_reset_mask(num_workers):
 
 @pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
 def test_start_methods_give_the_same_steps(method):
-    with ProcessPoolVectorEnv(CountEnv, 3, num_workers=2, start_method=method, seed=4) as pool:
+    with ProcessPoolVectorEnv(CountEnv, 3, num_workers=2, context=method, seed=4) as pool:
         assert pool.start_method == method
         obs, _ = pool.reset()
         obs, rew, term, trunc, _ = pool.step(np.array([0, 1, 2]))
@@ -286,8 +286,9 @@ def test_observation_not_fitting_the_space_names_the_env(num_workers):
         r"env 0: observation: expected shape \(3,\) float32 \(from the space\), got shape \(2,\)"
     )
     pool = ProcessPoolVectorEnv([_wrong_shape] * 2, num_workers=num_workers, max_restarts=0)
-    with pytest.raises(WorkerFailedError, match=match):
+    with pytest.raises(ValueError, match=match) as caught:  # max_restarts=0: re-raised as is
         pool.reset()
+    assert isinstance(caught.value.__cause__, WorkerFailedError)
     assert pool.closed or pool._backend.closed
 
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.multiproc
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_workers_have_no_torch_hidden_cuda_and_one_thread(method):
     assert "torch" in sys.modules  # the test process has torch (conftest), workers must not
-    with ProcessPoolVectorEnv(CountEnv, 4, num_workers=2, start_method=method) as pool:
+    with ProcessPoolVectorEnv(CountEnv, 4, num_workers=2, context=method) as pool:
         infos = pool.worker_info()
         assert [i["pid"] for i in infos] == pool.worker_pids
         for info in infos:
@@ -64,7 +64,7 @@ def test_script_that_imports_torch_first_still_gets_torch_free_workers():
         from rlstash.envs import ProcessPoolVectorEnv
         from rlstash.envs.testing import CountEnv
         for method in ("forkserver", "spawn"):
-            with ProcessPoolVectorEnv(CountEnv, 2, num_workers=2, start_method=method) as pool:
+            with ProcessPoolVectorEnv(CountEnv, 2, num_workers=2, context=method) as pool:
                 has = [any(m.split(".")[0] == "torch" for m in i["modules"]) for i in pool.worker_info()]
                 print("TORCH", method, has, flush=True)
         """
