@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Callable
 
 import numpy as np
-from gymnasium.vector.utils import batch_space
+from gymnasium.vector.utils import batch_space, iterate
 
 from rlstash.envs.backend import Backend
 from rlstash.envs.cpus import usable_cpus
@@ -80,8 +80,10 @@ class _StepTimer:
         self.backend, self.n = backend, n
         space = batch_space(described["action_space"], n)
         space.seed(0)
-        actions = flatten_value(space, space.sample(), "actions")
-        for view, a in zip(backend.shared.leaves("act"), actions):
+        sample = space.sample()
+        if backend.shared.layout.act_pickled:
+            backend.actions = list(iterate(space, sample))  # type: ignore[attr-defined]
+        for view, a in zip(backend.shared.leaves("act"), flatten_value(space, sample, "actions")):
             np.copyto(view, np.asarray(a), casting="unsafe")
         backend.reset([None] * n, None, None)
         backend.step_async()

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from rlstash.envs import registry
 from rlstash.envs.cpus import usable_cpus
 from rlstash.envs.errors import OversubscriptionWarning, SpaceMismatchError, user_stacklevel
 from rlstash.envs.launch import START_METHODS, default_start_method
@@ -36,23 +37,6 @@ MODE_ENUM = {
 }
 
 
-def _make(env_id: Any, **kwargs: Any) -> Any:
-    import gymnasium
-
-    return gymnasium.make(env_id, **kwargs)
-
-
-def _registered(env_id: str) -> Any:
-    """The EnvSpec if ``env_id`` is registered here (so workers need not register it), else
-    the id itself (gymnasium resolves ``"module:Name-v0"`` ids in the worker)."""
-    import gymnasium
-
-    try:
-        return gymnasium.spec(env_id)
-    except gymnasium.error.Error:
-        return env_id
-
-
 def factories(
     env_fns: str | Callable | Sequence[Callable],
     num_envs: int | None,
@@ -63,7 +47,7 @@ def factories(
         raise TypeError(f"env_kwargs: expected a dict or None, got {type(env_kwargs).__name__}")
     kwargs = dict(env_kwargs or {})
     if isinstance(env_fns, str):
-        one: Callable | None = functools.partial(_make, _registered(env_fns), **kwargs)
+        one: Callable | None = functools.partial(registry.make, registry.spec(env_fns), **kwargs)
     elif callable(env_fns):
         one = functools.partial(env_fns, **kwargs) if kwargs else env_fns
     elif isinstance(env_fns, Sequence) and env_fns and all(callable(f) for f in env_fns):
@@ -127,6 +111,21 @@ def num_workers(value: int | str | None, num_envs: int) -> int | str:
     return w
 
 
+def cap_workers(workers: int | str, max_concurrency: Any) -> int | str:
+    """``num_workers`` capped by AsyncVectorEnv's ``max_concurrency`` (checked as it does)."""
+    if max_concurrency is None:
+        return workers
+    if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, numbers.Integral):
+        raise ValueError(
+            f"`max_concurrency` must be an integer or None, got {type(max_concurrency)}."
+        )
+    if max_concurrency < 1:
+        raise ValueError(f"`max_concurrency` must be a positive or None, got {max_concurrency}.")
+    if workers == "auto":
+        return "auto" if max_concurrency > 1 else 0
+    return min(int(workers), int(max_concurrency))
+
+
 def start_method(value: str | None, name: str = "context") -> str:
     """Default: forkserver where available, else spawn; fork only when asked."""
     if value is None:
@@ -177,9 +176,10 @@ def observation_mode(value: Any) -> str | tuple:
     )
 
 
-def space_resolver(mode: str | tuple) -> Callable[[list, list], tuple]:
+def space_resolver(mode: str | tuple, shared_memory: bool) -> Callable[[list, list], tuple]:
     """``resolve(observation_spaces, action_spaces)`` (one per env) -> the single
-    (observation, action) spaces, checked as AsyncVectorEnv checks them for ``mode``.
+    (observation, action) spaces, checked as AsyncVectorEnv checks them for ``mode``, and
+    whether observations travel pickled (``not shared_memory``).
 
     Raises:
         SpaceMismatchError: (a RuntimeError and a ValueError) naming the first env that
@@ -215,7 +215,7 @@ def space_resolver(mode: str | tuple) -> Callable[[list, list], tuple]:
                     f"shape and dtype (env {bad[0]}: {obs_spaces[bad[0]]}, expected like "
                     f"{single})."
                 )
-        return single, act
+        return single, act, not shared_memory
 
     return resolve
 

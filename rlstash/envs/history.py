@@ -16,18 +16,20 @@ from typing import Any
 
 def make_windowed(env_id: str, window: int, **kwargs: Any) -> Any:
     """``gym.make(env_id, **kwargs)`` whose observations are windows of the last ``window``."""
-    import gymnasium as gym
     from gymnasium.wrappers import FrameStackObservation
+
+    from rlstash.envs.registry import make
 
     if isinstance(window, bool) or not isinstance(window, int) or window < 2:
         raise ValueError(f"window: expected an int >= 2, got {window!r}")
-    return FrameStackObservation(gym.make(env_id, **kwargs), window, padding_type="reset")
+    return FrameStackObservation(make(env_id, **kwargs), window, padding_type="reset")
 
 
 def make_clipped(env_id: str, **kwargs: Any) -> Any:
     """``gym.make(env_id, **kwargs)`` wrapped in ``ClipAction``: a Gaussian policy's unbounded
     samples are clipped to the action space by the env (as CleanRL does for PPO)."""
-    import gymnasium as gym
     from gymnasium.wrappers import ClipAction
 
-    return ClipAction(gym.make(env_id, **kwargs))
+    from rlstash.envs.registry import make
+
+    return ClipAction(make(env_id, **kwargs))

@@ -61,16 +61,17 @@ class InProcessBackend(Backend):
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             raise WorkerFailedError(0, self.envs_idx, 1, 0, text, [], starting=True) from exc
         try:
-            obs_space, act_space = resolve(obs_spaces, act_spaces)
+            obs_space, act_space, pickled = resolve(obs_spaces, act_spaces)
         except BaseException:
             for env in envs:
                 _close_quietly(env)
             raise
-        layout = Layout.build(obs_space, act_space, len(envs), final_obs=self.mode == "same_step")
+        layout = Layout.build(obs_space, act_space, len(envs), self.mode == "same_step", pickled)
         self.shared = SharedArrays(layout, None)
         self.spaces = (obs_space, act_space)
         self.env_spaces = (obs_spaces, act_spaces)
         self.runner = EnvRunner(envs, 0, self.shared, obs_space, act_space, self.mode)
+        self.actions: list[Any] = []  # layout.act_pickled: set by the pool before step_async
         first = envs[0]
         return {
             "observation_space": obs_space,
@@ -131,8 +132,9 @@ class InProcessBackend(Backend):
         """Step every env (``timeout`` cannot apply in-process and is ignored)."""
         assert self.runner is not None
         deferred = self.take_deferred()
+        actions = self.actions if self.shared.layout.act_pickled else None
         try:
-            return _parts(self.runner.step(), len(self.envs_idx)), deferred
+            return _parts(self.runner.step(actions), len(self.envs_idx)), deferred
         except Exception as exc:
             return [], deferred + self._restart(exc, "step", [REPORT_NOW] * len(self.envs_idx))
 
@@ -145,6 +147,17 @@ class InProcessBackend(Backend):
         """Set ``name`` on every env to ``values[i]``."""
         assert self.runner is not None
         self.runner.set_attr(name, values)
+
+    @property
+    def obs_objects(self) -> list[Any]:
+        """Pickled-layout observations (the runner's own list: nothing travels)."""
+        assert self.runner is not None
+        return self.runner.obs_objects
+
+    @property
+    def final_objects(self) -> list[Any]:
+        assert self.runner is not None
+        return self.runner.final_objects
 
     def pids(self) -> list[int]:
         return []

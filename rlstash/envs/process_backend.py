@@ -142,13 +142,17 @@ class ProcessBackend(Backend):
         for key in ("observation_spaces", "action_spaces"):
             first[key] = [space for d in described for space in d[key]]
         try:
-            self.single = resolve(first["observation_spaces"], first["action_spaces"])
+            obs, act, pickled = resolve(first["observation_spaces"], first["action_spaces"])
         except BaseException:
             self.close()
             raise
+        self.single = (obs, act)
         first["observation_space"], first["action_space"] = self.single
         self.spaces = first
-        self.layout = Layout.build(*self.single, self.num_envs, final_obs=self.mode == "same_step")
+        self.layout = Layout.build(obs, act, self.num_envs, self.mode == "same_step", pickled)
+        self.obs_objects: list[Any] = [None] * self.num_envs  # layout.obs_pickled
+        self.final_objects: list[Any] = [None] * self.num_envs
+        self.actions: list[Any] = []  # layout.act_pickled: set by the pool before step_async
         resize_segment(self.mem_fd, self.layout.nbytes)
         self.shared = SharedArrays(self.layout, self.mem_fd)
         for slot in self.slots:
@@ -164,9 +168,11 @@ class ProcessBackend(Backend):
         return first
 
     def _init_payload(self, slot: _Slot) -> bytes:
+        import multiprocessing
         import sys
 
-        return pickle.dumps((list(sys.path), slot.start, self.mode, slot.blob))
+        authkey = bytes(multiprocessing.current_process().authkey)  # for Manager proxies
+        return pickle.dumps((list(sys.path), slot.start, self.mode, slot.blob, authkey))
 
     def _procs(self) -> list[WorkerProcess]:
         return [s.proc for s in self.slots if s.proc is not None]
@@ -241,9 +247,13 @@ class ProcessBackend(Backend):
     def step_async(self) -> None:
         """One 5-byte STEP message per worker (actions are already in shared memory)."""
         message = P.STEP_MESSAGE
+        pickled = self.layout.act_pickled  # type: ignore[union-attr]
         for slot in self.slots:
             if slot.pending:
                 self._drain(slot)
+            if pickled:  # actions without an array layout travel with the message
+                self._send(slot, P.STEP, dumps(self.actions[slot.envs[0] : slot.envs[-1] + 1]))
+                continue
             try:
                 os.write(slot.proc.cmd_fd, message)  # type: ignore[union-attr]
                 slot.pending += 1
@@ -283,8 +293,9 @@ class ProcessBackend(Backend):
                 else:
                     failed.append((slot, f))
                 continue
-            if payload:
-                parts.append((slot.start, pickle.loads(payload)))
+            infos = self._absorb(slot, payload)
+            if infos:
+                parts.append((slot.start, infos))
         restarted: list[int] = []
         for slot, f in failed:
             restarted.extend(self._restart(slot, f, command, codes[slot.index]))
@@ -295,6 +306,17 @@ class ProcessBackend(Backend):
                 f"(envs {envs} did not answer; their workers keep running)."
             )
         return parts, restarted
+
+    def _absorb(self, slot: _Slot, payload: bytes) -> dict | None:
+        """The batched infos of a RESET/STEP reply; pickled observations go to the stores."""
+        if not self.layout.obs_pickled:  # type: ignore[union-attr]
+            return pickle.loads(payload) if payload else None
+        infos, observations, finals = pickle.loads(payload)
+        rows = slice(slot.envs[0], slot.envs[-1] + 1)
+        self.obs_objects[rows] = observations
+        if finals is not None:
+            self.final_objects[rows] = finals
+        return infos
 
     # --- restart ----------------------------------------------------------------------
     def _restart(self, slot: _Slot, failure: _Failure, command: str, codes: list[int]) -> list[int]:
@@ -335,13 +357,13 @@ class ProcessBackend(Backend):
         self._recv(slot, deadline, starting=True)
         seeds = self.fresh_seeds(len(slot.envs))
         self._send(slot, P.RESET, pickle.dumps((seeds, None, None, codes)))
-        self._recv(slot, deadline, starting=True)
+        self._absorb(slot, self._recv(slot, deadline, starting=True))
 
     # --- calls ------------------------------------------------------------------------
     def _command_all(self, tag: bytes, payloads: list[bytes], what: str) -> list[Any]:
         for slot, payload in zip(self.slots, payloads):
             self._send(slot, tag, payload)
-        results, errors = [], []
+        results, errors, raised = [], [], []
         deadline = self._deadline(None)
         for slot in self.slots:
             try:
@@ -350,12 +372,16 @@ class ProcessBackend(Backend):
             except _Failure as f:
                 if f.reason == "exception":
                     errors.append(f"env worker {slot.index}: {f.error}")
+                    raised += [f.exc] if f.exc is not None else []
                 else:
                     self._restart(slot, f, what, [REPORT_NEXT] * len(slot.envs))
                     errors.append(f"env worker {slot.index} {f.reason} during {what}: {f.error}")
                 results.append(None)
         if errors:
-            raise RuntimeError(f"{what} failed:\n" + "\n".join(errors))
+            summary = RuntimeError(f"{what} failed:\n" + "\n".join(errors))
+            if raised:  # as AsyncVectorEnv: the env's own exception, with its type
+                raise raised[0] from summary
+            raise summary
         return results
 
     def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:

@@ -36,6 +36,7 @@ switch. Differences that matter:
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -44,10 +45,16 @@ import numpy as np
 from gymnasium import error as gym_error
 from gymnasium import logger
 from gymnasium.vector import VectorEnv
-from gymnasium.vector.utils import batch_differing_spaces, batch_space
+from gymnasium.vector.utils import (
+    batch_differing_spaces,
+    batch_space,
+    concatenate,
+    create_empty_array,
+    iterate,
+)
 
 from rlstash.envs import auto, config
-from rlstash.envs.actions import check_leaf, leaf_spaces
+from rlstash.envs.actions import check_each, check_leaf, leaf_spaces
 from rlstash.envs.backend import Backend
 from rlstash.envs.errors import RestartEvent
 from rlstash.envs.infos import merge_infos
@@ -77,6 +84,7 @@ class ProcessPoolVectorEnv(VectorEnv):
         observation_mode: str | tuple = "same",
         shared_memory: bool = True,
         daemon: bool = True,
+        max_concurrency: int | None = None,
     ) -> None:
         """Start the envs.
 
@@ -104,15 +112,19 @@ class ProcessPoolVectorEnv(VectorEnv):
                 the next ``step``/``reset`` (False).
             observation_mode: ``"same"`` (every env has env 0's space), ``"different"``
                 (same shapes and dtypes, other bounds) or a (batched, single) pair of spaces.
-            shared_memory: accepted for AsyncVectorEnv code; observations always go through
-                shared memory (both values behave the same).
+            shared_memory: observations through shared memory (True) or pickled with the
+                workers' replies (False), as in AsyncVectorEnv. Spaces without a fixed array
+                layout (Text, Graph, Sequence, OneOf, custom spaces) are pickled either way
+                (AsyncVectorEnv refuses some of them with ``shared_memory=True``).
             daemon: accepted for AsyncVectorEnv code; workers always end with this process
                 and may always start processes of their own (both values behave the same).
+            max_concurrency: at most this many envs step at the same time (AsyncVectorEnv's
+                argument): caps ``num_workers``, since each worker steps its envs in turn.
         """
         fns = config.factories(env_fns, num_envs, env_kwargs)
         n = len(fns)
         mode = config.autoreset_mode(autoreset_mode)
-        workers = config.num_workers(num_workers, n)
+        workers = config.cap_workers(config.num_workers(num_workers, n), max_concurrency)
         method = config.start_method(context)
         timeout = config.step_timeout(step_timeout)
         restarts = config.check_positive_int("max_restarts", max_restarts, minimum=0)
@@ -123,7 +135,7 @@ class ProcessPoolVectorEnv(VectorEnv):
         self._seed = config.seed(seed)
         environ = child_environ(config.worker_env(worker_env))
         rng = np.random.default_rng(self._seed)
-        resolve = config.space_resolver(obs_mode)
+        resolve = config.space_resolver(obs_mode, self.shared_memory)
 
         def processes(w: int) -> ProcessBackend:
             return ProcessBackend(fns, w, mode, method, environ, timeout, restarts, rng)
@@ -172,13 +184,27 @@ class ProcessPoolVectorEnv(VectorEnv):
         self._shared = shared
         obs_leaves = shared.leaves("obs")
         self._obs_leaves = obs_leaves
-        self._obs_flat = obs_leaves[0] if _is_flat(self.single_observation_space) else None
+        pickled = shared.layout.obs_pickled
+        self._obs_flat = (
+            obs_leaves[0] if not pickled and _is_flat(self.single_observation_space) else None
+        )
         self._final_leaves = shared.leaves("final_obs")
         act_leaves = shared.leaves("act")
         self._act_leaves = act_leaves
-        self._act_flat = act_leaves[0] if _is_flat(self.single_action_space) else None
-        self._act_names = leaf_paths(self.single_action_space, "actions")
+        self._act_flat = (
+            act_leaves[0]
+            if not shared.layout.act_pickled and _is_flat(self.single_action_space)
+            else None
+        )
+        self._act_names = (
+            [] if shared.layout.act_pickled else leaf_paths(self.single_action_space, "actions")
+        )
         self._act_spaces = leaf_spaces(self.single_action_space)
+        self._obs_out = (
+            create_empty_array(self.single_observation_space, self.num_envs, fn=np.zeros)
+            if shared.layout.obs_pickled
+            else None
+        )
         self._rewards = shared["reward"]
         self._terminated = shared["terminated"]
         self._truncated = shared["truncated"]
@@ -417,6 +443,9 @@ class ProcessPoolVectorEnv(VectorEnv):
 
     def _write_actions(self, actions: Any) -> None:
         """Check every leaf (shape, dtype kind) first, then copy; nothing is written on error."""
+        if self._shared.layout.act_pickled:
+            self._backend.actions = self._action_objects(actions)  # type: ignore[attr-defined]
+            return
         if self._act_flat is not None:
             arrays = [np.asarray(actions)]
         else:
@@ -434,7 +463,27 @@ class ProcessPoolVectorEnv(VectorEnv):
         for arr, view in zip(arrays, self._act_leaves):
             np.copyto(view, arr, casting="unsafe")
 
+    def _action_objects(self, actions: Any) -> list[Any]:
+        """One action per env for an action space without an array layout, each checked
+        with ``single_action_space.contains``."""
+        try:
+            items = list(iterate(self.action_space, actions))
+        except Exception as exc:
+            raise ValueError(
+                f"actions: expected an element of {self.action_space}, got {type(actions)}"
+            ) from exc
+        if len(items) != self.num_envs:
+            raise ValueError(
+                f"actions: expected {self.num_envs} actions (one per env), got {len(items)}"
+            )
+        check_each(self.single_action_space, items, "actions")
+        return items
+
     def _read_obs(self) -> Any:
+        if self._shared.layout.obs_pickled:
+            objects = self._backend.obs_objects  # type: ignore[attr-defined]
+            value = concatenate(self.single_observation_space, objects, self._obs_out)
+            return copy.deepcopy(value) if self.copy else value
         if self._obs_flat is not None:
             return self._obs_flat.copy() if self.copy else self._obs_flat
         value = assemble(self.single_observation_space, self._obs_leaves)
@@ -448,9 +497,14 @@ class ProcessPoolVectorEnv(VectorEnv):
             ended = np.flatnonzero(self._final)
             if ended.size:
                 final_obs = np.full(self.num_envs, None, dtype=object)
+                pickled = self._shared.layout.obs_pickled
                 for i in ended.tolist():
-                    final_obs[i] = _element(
-                        assemble(self.single_observation_space, self._final_leaves, i)
+                    final_obs[i] = (
+                        copy.deepcopy(self._backend.final_objects[i])  # type: ignore[attr-defined]
+                        if pickled
+                        else _element(
+                            assemble(self.single_observation_space, self._final_leaves, i)
+                        )
                     )
                 mask = np.zeros(self.num_envs, dtype=bool)
                 mask[ended] = True

@@ -47,17 +47,31 @@ class EnvRunner:
         rows = slice(start, stop)
         self.autoreset = [False] * len(envs)
         self._pending: set[int] = set()  # restarted envs to report truncated at the next step
-        obs_rows = [a[rows] for a in shared.leaves("obs")]
-        self._write_obs = make_writer(obs_space, obs_rows, "observation", start)
-        flat = not isinstance(obs_space, (spaces.Dict, spaces.Tuple))
-        self._obs_rows = obs_rows[0] if flat else None  # fast path: one array
-        self._read_act = make_reader(act_space, [a[rows] for a in shared.leaves("act")])
-        self._write_final = (
-            make_writer(
-                obs_space, [a[rows] for a in shared.leaves("final_obs")], "observation", start
+        layout = shared.layout
+        # pickled observations (layout.obs_pickled): one object per env, sent with replies
+        self.obs_objects: list[Any] = [None] * len(envs)
+        self.final_objects: list[Any] = [None] * len(envs)
+        self._actions: list[Any] = []  # pickled actions (layout.act_pickled), from STEP
+        if layout.obs_pickled:
+            self._write_obs = self.obs_objects.__setitem__
+            self._obs_rows = None
+            self._write_final = self.final_objects.__setitem__ if mode == "same_step" else None
+        else:
+            obs_rows = [a[rows] for a in shared.leaves("obs")]
+            self._write_obs = make_writer(obs_space, obs_rows, "observation", start)
+            flat = not isinstance(obs_space, (spaces.Dict, spaces.Tuple))
+            self._obs_rows = obs_rows[0] if flat else None  # fast path: one array
+            self._write_final = (
+                make_writer(
+                    obs_space, [a[rows] for a in shared.leaves("final_obs")], "observation", start
+                )
+                if mode == "same_step"
+                else None
             )
-            if mode == "same_step"
-            else None
+        self._read_act = (
+            (lambda: self._actions)
+            if layout.act_pickled
+            else make_reader(act_space, [a[rows] for a in shared.leaves("act")])
         )
         self._reward = shared["reward"][rows]
         self._terminated = shared["terminated"][rows]
@@ -89,14 +103,17 @@ class EnvRunner:
             raise
         return infos
 
-    def step(self) -> list[tuple[int, dict]]:
-        """Step every env once with its action from shared memory; see the module docstring.
+    def step(self, actions: list[Any] | None = None) -> list[tuple[int, dict]]:
+        """Step every env once with its action from shared memory (or ``actions``, one per
+        env, for an action space without an array layout); see the module docstring.
 
         Returns the non-empty infos as ``(j, info)``, ``j`` the index within this runner.
 
         Envs marked by :meth:`mark_restarted` with code 2 are not stepped: they report
         truncated (reward 0) with the fresh reset observation already in their rows.
         """
+        if actions is not None:
+            self._actions = actions
         if self._pending:
             return self._step_with_pending()
         if self.mode == "same_step":

@@ -80,27 +80,42 @@ class FieldSlot:
 
 @dataclass(frozen=True)
 class Layout:
-    """Every array of a pool in one segment. Picklable: sent to each worker once."""
+    """Every array of a pool in one segment. Picklable: sent to each worker once.
+
+    ``obs_pickled``/``act_pickled``: observations (and final observations) / actions of a
+    space without a fixed array layout (Text, Graph, Sequence, OneOf, custom spaces) or, for
+    observations, with ``shared_memory=False``, have no field here: they travel pickled with
+    the replies / STEP messages.
+    """
 
     num_envs: int
     fields: tuple[FieldSlot, ...]
     nbytes: int
+    obs_pickled: bool = False
+    act_pickled: bool = False
 
     @staticmethod
     def build(
-        obs_space: spaces.Space, act_space: spaces.Space, num_envs: int, final_obs: bool
+        obs_space: spaces.Space,
+        act_space: spaces.Space,
+        num_envs: int,
+        final_obs: bool,
+        obs_pickled: bool = False,
     ) -> Layout:
         """Lay out obs, (final_obs), act, reward [N] f64, terminated/truncated/final [N] bool.
 
         ``nbytes = sum over fields of align64(N * prod(shape) * itemsize)``.
         """
+        obs_pickled = obs_pickled or not fits_arrays(obs_space)
+        act_pickled = not fits_arrays(act_space)
         wanted: list[tuple[str, tuple[int, ...], np.dtype]] = []
         prefixes = ["obs", "final_obs"] if final_obs else ["obs"]
-        for prefix in prefixes:
+        for prefix in prefixes if not obs_pickled else []:
             wanted += [
                 (leaf_name(prefix, lf), lf.shape, lf.dtype) for lf in space_leaves(obs_space)
             ]
-        wanted += [(leaf_name("act", lf), lf.shape, lf.dtype) for lf in space_leaves(act_space)]
+        if not act_pickled:
+            wanted += [(leaf_name("act", lf), lf.shape, lf.dtype) for lf in space_leaves(act_space)]
         wanted += [("reward", (), np.dtype(np.float64))]
         wanted += [(name, (), np.dtype(np.bool_)) for name in ("terminated", "truncated", "final")]
         fields, offset = [], 0
@@ -108,7 +123,16 @@ class Layout:
             slot = FieldSlot(name, (num_envs, *shape), dtype.str, offset)
             fields.append(slot)
             offset += -(-max(slot.nbytes, 1) // ALIGN) * ALIGN
-        return Layout(num_envs, tuple(fields), max(offset, ALIGN))
+        return Layout(num_envs, tuple(fields), max(offset, ALIGN), obs_pickled, act_pickled)
+
+
+def fits_arrays(space: spaces.Space) -> bool:
+    """Whether ``space`` flattens into fixed-shape array leaves (see :func:`space_leaves`)."""
+    try:
+        space_leaves(space)
+    except TypeError:
+        return False
+    return True
 
 
 def create_segment(nbytes: int, tag: str) -> int:
@@ -301,10 +325,13 @@ def make_writer(
 def make_reader(space: spaces.Space, arrays: list[np.ndarray]) -> Callable[[], list[Any]]:
     """``read()`` returns one value per row, copied out of the (shared) leaf arrays.
 
-    Flat spaces give numpy scalars (Discrete) or 1-row arrays, like gymnasium's ``iterate``.
+    Flat spaces give numpy scalars (Discrete), Python floats (a Box of shape ()) or 1-row
+    arrays, like gymnasium's ``iterate``.
     """
     if len(arrays) == 1 and not isinstance(space, (spaces.Dict, spaces.Tuple)):
         arr = arrays[0]
+        if arr.ndim == 1 and arr.dtype.kind == "f":  # scalar Box: Python floats, which
+            return arr.tolist  # every API takes (time.sleep refuses a numpy.float32)
         return lambda: list(arr.copy())
 
     def read_nested() -> list[Any]:

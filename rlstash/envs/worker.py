@@ -66,10 +66,16 @@ class _Worker:
         self.start = 0
         self.mode = "next_step"
         self.spaces: tuple = ()
+        self.pickled_obs = False
 
     def init(self, payload: bytes) -> bytes:
-        sys_path, self.start, self.mode, blob = pickle.loads(payload)
+        sys_path, self.start, self.mode, blob, authkey = pickle.loads(payload)
         sys.path[:] = list(sys_path) + [p for p in sys.path if p not in sys_path]
+        # as a multiprocessing child: the pool's authkey, so that factories may hold
+        # multiprocessing.Manager proxies (locks, values) of the pool's process
+        import multiprocessing
+
+        multiprocessing.current_process().authkey = authkey
         factories = pickle.loads(blob)  # cloudpickle output loads with plain pickle
         for factory in factories:
             env = factory()
@@ -97,6 +103,7 @@ class _Worker:
         layout, *spaces = pickle.loads(payload)  # the pool's single obs/action spaces
         self.spaces = tuple(spaces)
         self.shared = SharedArrays(layout, self.mem_fd)
+        self.pickled_obs = layout.obs_pickled
         self.runner = EnvRunner(self.envs, self.start, self.shared, *self.spaces, self.mode)
         return b""
 
@@ -106,7 +113,18 @@ class _Worker:
         infos = self.runner.reset(seeds, options, mask)
         if codes:
             self.runner.mark_restarted(codes)
-        return dumps(batch_infos(infos, len(self.envs))) if infos else b""
+        return self.reply(infos)
+
+    def reply(self, infos: list) -> bytes:
+        """A RESET/STEP reply: batched infos (b"" if none); with pickled observations the
+        tuple (infos or None, observations, final observations or None)."""
+        batched = batch_infos(infos, len(self.envs)) if infos else None
+        runner = self.runner
+        assert runner is not None and self.shared is not None
+        if not self.shared.layout.obs_pickled:
+            return dumps(batched) if infos else b""
+        finals = runner.final_objects if runner.mode == "same_step" else None
+        return dumps((batched, runner.obs_objects, finals))
 
     def call(self, payload: bytes) -> bytes:
         name, args, kwargs = pickle.loads(payload)
@@ -185,8 +203,11 @@ def serve(cmd_fd: int, reply_fd: int, mem_fd: int) -> int:
             tag, payload = P.CLOSE, b"parent gone"
         try:
             if tag == step_tag:  # the hot path: one read, one 5-byte write
-                infos = worker.runner.step()  # type: ignore[union-attr]
-                if infos:  # batched here, in parallel, not by the pool
+                actions = pickle.loads(payload) if payload else None  # act_pickled only
+                infos = worker.runner.step(actions)  # type: ignore[union-attr]
+                if worker.pickled_obs:
+                    P.send(reply_fd, P.OK, worker.reply(infos))
+                elif infos:  # batched here, in parallel, not by the pool
                     P.send(reply_fd, P.OK, dumps(batch_infos(infos, len(worker.envs))))
                 else:
                     os.write(reply_fd, ok_message)

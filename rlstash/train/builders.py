@@ -142,8 +142,10 @@ def probe_env(env_id: str, history: int = 0) -> EnvInfo:
     (:func:`rlstash.envs.history.make_windowed`); plain 1-D Box observations only."""
     import gymnasium as gym
 
+    from rlstash.envs.registry import make
+
     try:
-        env = gym.make(env_id)
+        env = make(env_id)  # ALE/..., dm_control/..., module:EnvId import their package
     except gym.error.Error as exc:
         raise ValueError(
             f"env: cannot make {env_id!r} ({exc}); see gymnasium.pprint_registry()"
@@ -179,14 +181,13 @@ def probe_env(env_id: str, history: int = 0) -> EnvInfo:
 
 def _factory(env_id: str, history: int) -> Any:
     """A picklable env factory (windowed envs with ``history``; the module is torch-free)."""
-    import gymnasium as gym
-
     from rlstash.envs.history import make_windowed
+    from rlstash.envs.registry import make
 
     return (
         functools.partial(make_windowed, env_id, history)
         if history
-        else functools.partial(gym.make, env_id)
+        else functools.partial(make, env_id)
     )
 
 

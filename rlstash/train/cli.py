@@ -58,10 +58,10 @@ def parse_fields(texts: Sequence[str]) -> Spec:
 
 
 def _env_spec(env_id: str, next_obs: bool) -> Spec:
-    import gymnasium as gym
+    from rlstash.envs.registry import make
 
     try:
-        env = gym.make(env_id)
+        env = make(env_id)
     except Exception as exc:  # noqa: BLE001 - gymnasium raises several kinds
         raise ValueError(f"--env: cannot make {env_id!r}: {exc}") from None
     try:

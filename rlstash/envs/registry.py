@@ -1,0 +1,75 @@
+"""Env ids of packages that register their envs on import (torch-free).
+
+gymnasium only knows the ids of packages that were imported: ``ALE/Pong-v5`` fails with
+"Namespace ALE not found" until ``gymnasium.register_envs(ale_py)`` ran, ``dm_control/...``
+ids need shimmy. :func:`make` (used by the pool's workers and ``rlstash train``) imports the
+package an id needs first:
+
+* ``ALE/...``: ale-py (``pip install 'rlstash[atari]'``);
+* ``dm_control/...``: shimmy with dm_control (``pip install 'rlstash[dmc]'``);
+* ``module:EnvId``: imports ``module`` (which registers ``EnvId``), then makes ``EnvId``;
+* MuJoCo ids (``HalfCheetah-v5``...) are gymnasium's own (``pip install 'rlstash[mujoco]'``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+FAMILIES = {  # id namespace -> (package that registers it, rlstash extra that installs it)
+    "ALE": ("ale_py", "atari"),
+    "dm_control": ("shimmy", "dmc"),
+}
+
+
+def register_family(env_id: str) -> None:
+    """Import what ``env_id`` needs so that gymnasium knows it (see the module docstring).
+
+    Raises:
+        ModuleNotFoundError: naming the package and the extra that installs it.
+    """
+    import gymnasium
+
+    if ":" in env_id:
+        module = env_id.split(":", 1)[0]
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ModuleNotFoundError(
+                f"env id {env_id!r}: cannot import module {module!r} ({exc}); the part "
+                "before ':' must be an importable module that registers the env"
+            ) from exc
+        return
+    namespace = env_id.split("/", 1)[0] if "/" in env_id else None
+    if namespace not in FAMILIES:
+        return
+    package, extra = FAMILIES[namespace]
+    try:
+        registrar = importlib.import_module(package)
+    except ImportError as exc:
+        raise ModuleNotFoundError(
+            f"env id {env_id!r} needs the {package} package, which is not installed "
+            f"({exc}); install it with: pip install 'rlstash[{extra}]'"
+        ) from exc
+    gymnasium.register_envs(registrar)
+
+
+def make(env_id: Any, **kwargs: Any) -> Any:
+    """``gymnasium.make(env_id, **kwargs)`` after :func:`register_family`."""
+    import gymnasium
+
+    if isinstance(env_id, str):
+        register_family(env_id)
+    return gymnasium.make(env_id, **kwargs)
+
+
+def spec(env_id: str) -> Any:
+    """The EnvSpec of ``env_id`` if gymnasium knows it after :func:`register_family` (so
+    workers need not register it), else the id itself (resolved again in the worker)."""
+    import gymnasium
+
+    register_family(env_id)
+    try:
+        return gymnasium.spec(env_id)
+    except gymnasium.error.Error:
+        return env_id
