@@ -6,10 +6,24 @@
             actions = pool.action_space.sample()        # [32] int64
             obs, rewards, terminated, truncated, infos = pool.step(actions)
 
-It is a :class:`gymnasium.vector.VectorEnv` (same ``reset``/``step``/``step_async``/
-``step_wait``/``call``/``get_attr``/``set_attr``/``close``, batched and single spaces,
-``metadata["autoreset_mode"]``), so code written for ``gymnasium.vector.AsyncVectorEnv`` can
-switch. Differences that matter:
+It is a drop-in for ``gymnasium.vector.AsyncVectorEnv``: the same constructor arguments
+(``shared_memory``, ``copy``, ``context``, ``daemon``, ``observation_mode``,
+``autoreset_mode``, ``max_concurrency``), the same ``reset``/``step``/``*_async``/``*_wait``
+(a caller's ``timeout`` raises ``TimeoutError``), ``call``/``get_attr``/``set_attr``/
+``render``, ``np_random_seed`` (env i after ``reset(seed=s)``: ``s + i``), gymnasium's error
+classes and messages for out-of-order calls, every space (Text, Graph, Sequence, OneOf and
+custom spaces are pickled), ``metadata["autoreset_mode"]``. gymnasium's own vector-env test
+suite passes against it except where rlstash deliberately differs
+(``bench/results/gymnasium_suite.md``):
+
+* An env that raises is restarted (up to ``max_restarts``), not re-raised; with
+  ``max_restarts=0`` the env's exception is re-raised with its type, as AsyncVectorEnv does.
+* Actions outside the action space are refused here, naming the envs, before anything is
+  sent (:mod:`rlstash.envs.actions`); AsyncVectorEnv lets the env fail.
+* Custom spaces work with ``shared_memory=True`` (pickled); AsyncVectorEnv raises.
+* ``worker=`` (AsyncVectorEnv's replaceable worker function) does not exist.
+
+How it works and what else it does:
 
 * W workers each step ``num_envs / W`` envs; observations, rewards, flags, final observations
   and actions live in one shared-memory segment; a step costs one 5-byte message per worker
@@ -46,14 +60,13 @@ from gymnasium import error as gym_error
 from gymnasium import logger
 from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import (
-    batch_differing_spaces,
     batch_space,
     concatenate,
     create_empty_array,
     iterate,
 )
 
-from rlstash.envs import auto, config
+from rlstash.envs import auto, batching, config
 from rlstash.envs.actions import check_each, check_leaf, leaf_spaces
 from rlstash.envs.backend import Backend
 from rlstash.envs.errors import RestartEvent
@@ -165,7 +178,7 @@ class ProcessPoolVectorEnv(VectorEnv):
         self.spec = described.get("spec")
         self.single_observation_space = described["observation_space"]
         self.single_action_space = described["action_space"]
-        self.observation_space = _batched_obs_space(obs_mode, described, n)
+        self.observation_space = batching.batched_obs_space(obs_mode, described, n)
         self.action_space = batch_space(self.single_action_space, n)
         self._bind_arrays()
         self._reset_once = False
@@ -186,14 +199,16 @@ class ProcessPoolVectorEnv(VectorEnv):
         self._obs_leaves = obs_leaves
         pickled = shared.layout.obs_pickled
         self._obs_flat = (
-            obs_leaves[0] if not pickled and _is_flat(self.single_observation_space) else None
+            obs_leaves[0]
+            if not pickled and batching.is_flat(self.single_observation_space)
+            else None
         )
         self._final_leaves = shared.leaves("final_obs")
         act_leaves = shared.leaves("act")
         self._act_leaves = act_leaves
         self._act_flat = (
             act_leaves[0]
-            if not shared.layout.act_pickled and _is_flat(self.single_action_space)
+            if not shared.layout.act_pickled and batching.is_flat(self.single_action_space)
             else None
         )
         self._act_names = (
@@ -233,7 +248,7 @@ class ProcessPoolVectorEnv(VectorEnv):
         seeds = self._seeds(seed)
         self._expect_idle("reset_async")
         options = dict(options) if options is not None else None
-        mask = _pop_mask(options, self.num_envs)
+        mask = batching.pop_reset_mask(options, self.num_envs)
         super().reset(seed=seed if isinstance(seed, int) else None)
         self._backend.reset_async(seeds, options, mask)
         self._state, self._reset_mask = "reset", mask
@@ -456,7 +471,7 @@ class ProcessPoolVectorEnv(VectorEnv):
                     f"{name}: expected shape {view.shape} ({view.dtype}, one row per env), "
                     f"got {arr.shape}"
                 )
-            if arr.dtype != view.dtype and not _castable(arr.dtype, view.dtype):
+            if arr.dtype != view.dtype and not batching.castable(arr.dtype, view.dtype):
                 raise TypeError(f"{name}: expected dtype {view.dtype}, got {arr.dtype}")
         for arr, space, name in zip(arrays, self._act_spaces, self._act_names):
             check_leaf(space, arr, name)
@@ -502,7 +517,7 @@ class ProcessPoolVectorEnv(VectorEnv):
                     final_obs[i] = (
                         copy.deepcopy(self._backend.final_objects[i])  # type: ignore[attr-defined]
                         if pickled
-                        else _element(
+                        else batching.element(
                             assemble(self.single_observation_space, self._final_leaves, i)
                         )
                     )
@@ -520,49 +535,3 @@ class ProcessPoolVectorEnv(VectorEnv):
 
 
 _IDLE = "default"  # gymnasium's AsyncState.DEFAULT value
-
-
-def _element(value: Any) -> Any:
-    """One env's value copied out of shared memory, typed as ``space.sample()`` types it:
-    numpy scalars for Discrete (0-d rows), arrays otherwise, dicts/tuples kept."""
-    if isinstance(value, dict):
-        return {k: _element(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(_element(v) for v in value)
-    return value.copy() if isinstance(value, np.ndarray) else value
-
-
-def _batched_obs_space(mode: str | tuple, described: dict, n: int) -> Any:
-    """The batched observation space for ``observation_mode``, as AsyncVectorEnv builds it."""
-    if isinstance(mode, tuple):
-        return mode[0]
-    if mode == "different":
-        return batch_differing_spaces(described["observation_spaces"])
-    return batch_space(described["observation_space"], n)
-
-
-def _is_flat(space: Any) -> bool:
-    from gymnasium import spaces
-
-    return not isinstance(space, (spaces.Dict, spaces.Tuple))
-
-
-def _castable(src: np.dtype, dst: np.dtype) -> bool:
-    """Numbers may be cast, except floats into integer/bool fields (that would truncate)."""
-    if src.kind not in "biuf":
-        return False
-    return not (src.kind == "f" and dst.kind in "biu")
-
-
-def _pop_mask(options: dict | None, n: int) -> np.ndarray | None:
-    if options is None or "reset_mask" not in options:
-        return None
-    mask = options.pop("reset_mask")
-    if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_ or mask.shape != (n,):
-        got = f"{type(mask).__name__} {getattr(mask, 'dtype', '')} {getattr(mask, 'shape', '')}"
-        raise ValueError(
-            f"options['reset_mask']: expected a bool numpy array of shape ({n},), got {got}"
-        )
-    if not mask.any():
-        raise ValueError("options['reset_mask']: expected at least one True value, got none")
-    return mask
