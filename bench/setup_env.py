@@ -51,6 +51,7 @@ PEERS = {
     "ale-py": "0.12.1",
     "opencv-python-headless": "5.0.0.93",  # gymnasium AtariPreprocessing (bench/stream.py)
     "mujoco": "4.0.0",
+    "imageio": "2.38.1",  # gymnasium's MuJoCo envs (HalfCheetah-v5 in bench/learn.py) import it
 }
 RECIPE = "ext-build-v1"  # bump when the extension build below changes
 STAMP = VENV / ".bench-stamp"
