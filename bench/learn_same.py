@@ -252,7 +252,7 @@ def spawn(task: dict, timeout: float) -> dict:
 def points(curve: list[list[float]], threshold: float, patience: int = PATIENCE) -> dict:
     """(step, seconds) at the first eval >= threshold, from where all later stay >= it, and
     at the end of the first run of ``patience`` evals in a row >= it (None when never)."""
-    ok = [r[2] >= threshold for r in curve]
+    ok = [threshold is not None and r[2] >= threshold for r in curve]
     first = next((i for i, v in enumerate(ok) if v), None)
     stays = None
     for i in range(len(ok) - 1, -1, -1):
