@@ -58,18 +58,35 @@ def ensure_venv() -> Path:
     return py
 
 
+def _from_caller(arg: str) -> str:
+    """A pytest path argument (``file`` or ``file::test``) relative to the caller's directory,
+    made absolute (the suite runs in the repository root); anything else unchanged."""
+    path = arg.split("::", 1)[0]
+    if arg.startswith("-") or not path or os.path.isabs(path) or not os.path.exists(path):
+        return arg
+    return os.path.abspath(path) + arg[len(path) :]
+
+
 def main(argv: list[str]) -> int:
+    """Run the job. The job replaces this process (``exec``): signals (Ctrl-C, SIGTERM,
+    SIGKILL) reach the trainer itself, so none is left running as an orphan, and relative
+    paths resolve against the caller's directory."""
     if not argv or argv[0] in {"-h", "--help"}:
         print(__doc__)
         return 0
     py = ensure_venv()
     cmd, rest = argv[0], argv[1:]
     if cmd == "test":
-        args = [str(py), "-m", "pytest", "-q", *rest]
+        args = [str(py), "-m", "pytest", "-q", *(_from_caller(a) for a in rest)]
+        os.chdir(ROOT)  # the suite's configuration lives there
     else:
         args = [str(py), "-m", "rlstash", cmd, *rest]
-    os.chdir(ROOT)
-    return subprocess.call(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.name == "nt":  # no exec that keeps the process: wait for the child instead
+        return subprocess.call(args)
+    os.execv(args[0], args)
+    return 1  # not reached
 
 
 if __name__ == "__main__":

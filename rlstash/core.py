@@ -56,6 +56,15 @@ from rlstash.spec import Batch, Spec
 Index = np.ndarray | slice
 
 
+def check_capacity(capacity: Any) -> int:
+    """``capacity`` as an int when it is a positive int (numpy ints too), else ValueError.
+
+    The one capacity check of every storage, writer and sampler."""
+    if not isinstance(capacity, int | np.integer) or isinstance(capacity, bool) or capacity <= 0:
+        raise ValueError(f"capacity: expected a positive int, got {capacity!r}")
+    return int(capacity)
+
+
 @runtime_checkable
 class Storage(Protocol):
     """Indexed rows: preallocated struct-of-arrays, one contiguous tensor (or file) per field."""
@@ -109,12 +118,15 @@ class PersistentStorage(Protocol):
     """An indexed storage that keeps the writer position with its rows (disk, tiered).
 
     The buffer calls ``set_cursor`` after every write; a reopened storage reports the
-    ``cursor``, ``size`` and ``extra`` it kept, and the buffer resumes from them.
+    ``cursor``, ``size`` and ``extra`` it kept, and the buffer resumes from them. ``valid`` is
+    None, or (after a crash in the middle of overwriting stored rows) bool[capacity] marking
+    the rows that may be torn as False: the buffer never samples them.
     """
 
     cursor: int
     size: int
     extra: dict[str, Any]
+    valid: np.ndarray | None
 
     def set_cursor(self, cursor: int, size: int, extra: dict[str, Any] | None = None) -> None: ...
 

@@ -27,7 +27,6 @@ may predate the last ``k`` extends.
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlstash.atomic import write_atomic
 from rlstash.core import (
     FastRows,
     Index,
@@ -288,6 +288,8 @@ class ReplayBuffer:
                 if not writer.size:
                     raise ValueError("sample: the buffer is empty; extend it before sampling")
                 ctx.size, ctx.cursor = writer.size, writer.cursor
+                if self._set_cursor is not None:  # rows a crash may have torn: never sampled
+                    ctx.valid = self.storage.valid
             index, extra = self.sampler.sample(batch_size, ctx)
             read = self._read
             if index.ndim == 1:
@@ -394,18 +396,7 @@ class ReplayBuffer:
         if self._flush is not None:
             self._flush()
         state = self.state_dict()
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            _fsync_dir(path.parent)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_atomic(path, lambda f: torch.save(state, f))
 
     @classmethod
     def load(
@@ -522,14 +513,6 @@ def _host_numpy(value: Any, name: str) -> np.ndarray:
         return np.asarray(value)
     except Exception as exc:  # noqa: BLE001
         raise TypeError(f"{name}: expected a tensor or array, got {type(value).__name__}") from exc
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 __all__ = ["ReplayBuffer", "Transform", "sampler_from_state"]

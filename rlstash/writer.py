@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from rlstash.core import Index
+from rlstash.core import Index, check_capacity
 
 
 class RingWriter:
@@ -18,9 +18,7 @@ class RingWriter:
     """
 
     def __init__(self, capacity: int) -> None:
-        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
-            raise ValueError(f"capacity: expected a positive int, got {capacity!r}")
-        self.capacity = capacity
+        self.capacity = check_capacity(capacity)
         self.cursor = 0  # next write position
         self.size = 0  # rows stored
         self.total = 0  # rows ever committed

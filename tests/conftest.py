@@ -9,6 +9,9 @@ exercises device logic with fakes opts out with ``@pytest.mark.allow_cuda``.
 from __future__ import annotations
 
 import functools
+import gc
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -131,3 +134,23 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.allow_cuda)
         if skip is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """An 8 MiB tmpfs mounted for the test (skipped where mounting is not allowed)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command")
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        gc.collect()
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -349,6 +348,7 @@ def test_memmap_files_and_resume(tmp_path):
     files = sorted(p.name for p in path.iterdir())
     assert files == sorted(
         ["obs.bin", "vec.bin", "action.bin", "done.bin", "half.bin", "obs__aux.bin", "meta.json"]
+        + ["commit.rec"]
     )
     for name, f in SPEC.items():
         fname = name.replace("/", "__") + ".bin"
@@ -359,7 +359,7 @@ def test_memmap_files_and_resume(tmp_path):
     s.set_cursor(10, 10, extra={"total": 10})
     s.close()
     meta = json.loads((path / "meta.json").read_text())
-    assert (meta["cursor"], meta["size"], meta["extra"]) == (10, 10, {"total": 10})
+    assert (meta["capacity"], meta["version"]) == (CAP, 2)  # the position is in commit.rec
     r = MemmapStorage(SPEC, CAP, path)
     assert (r.cursor, r.size, r.extra) == (10, 10, {"total": 10})
     assert_batch_equal(r.read(slice(0, 10)), rows(b, slice(0, 10)))
@@ -427,23 +427,24 @@ def test_memmap_is_open_once(tmp_path):
     MemmapStorage(SPEC, CAP, tmp_path / "buf").close()
 
 
-def test_meta_write_is_atomic(tmp_path, monkeypatch):
+def test_flush_and_close_never_rewrite_meta_and_stale_temps_go(tmp_path, monkeypatch):
     path = tmp_path / "buf"
     s = MemmapStorage(SPEC, CAP, path)
-    s.set_cursor(5, 5)
-    s.flush()
-    assert sorted(p.name for p in path.iterdir() if not p.name.endswith(".bin")) == ["meta.json"]
-    # a replace that fails leaves the old meta.json intact and no temp file behind
+    before = (path / "meta.json").read_bytes()
+    # nothing is replaced after creation: a commit is a store into the reserved commit.rec
     monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "full")))
     s.set_cursor(7, 7)
-    with pytest.raises(OSError):
-        s.flush()
+    s.flush()
     monkeypatch.undo()
-    assert json.loads((path / "meta.json").read_text())["cursor"] == 5
-    assert not list(path.glob(".meta*"))
-    (path / ".meta.json.tmp.999").write_text("{half")  # left by a crash
+    assert (path / "meta.json").read_bytes() == before
+    assert sorted(p.name for p in path.iterdir() if not p.name.endswith(".bin")) == [
+        "commit.rec",
+        "meta.json",
+    ]
+    (path / ".meta.json.tmp.999").write_text("{half")  # left by a crash during creation
     s.close()
-    MemmapStorage(SPEC, CAP, path).close()
+    with MemmapStorage(SPEC, CAP, path) as r:
+        assert (r.cursor, r.size) == (7, 7)
     assert not list(path.glob(".meta*"))
 
 
@@ -464,26 +465,6 @@ def test_unsupported_fallocate_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="posix_fallocate"):
         MemmapStorage(SPEC, CAP, tmp_path / "a" / "b")
     assert list(tmp_path.iterdir()) == []
-
-
-@pytest.fixture
-def small_fs(tmp_path):
-    """An 8 MiB tmpfs mounted for the test (skipped where mounting is not allowed)."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    if shutil.which("mount") is None:
-        pytest.skip("no mount command")
-    res = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True, text=True
-    )
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        gc.collect()
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 BIG = Spec({"obs": Field((64, 64), torch.uint8), "action": Field((), torch.int64)})  # 4104 B/row

@@ -47,6 +47,7 @@ from typing import Any
 import psutil
 import torch
 
+from rlstash.core import check_capacity
 from rlstash.spec import Spec, dtype_name
 
 STORAGE_KINDS = ("ram", "disk", "shm")
@@ -471,8 +472,7 @@ def plan(
     the CPU, no CUDA call is made.
     """
     spec = spec if isinstance(spec, Spec) else Spec(spec)
-    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
-        raise ValueError(f"capacity: expected a positive int, got {capacity!r}")
+    check_capacity(capacity)
     if storage not in STORAGE_KINDS:
         raise ValueError(f"storage: expected one of {list(STORAGE_KINDS)}, got {storage!r}")
     if not 0.0 <= margin < 1.0:

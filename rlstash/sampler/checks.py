@@ -8,14 +8,9 @@ import numpy as np
 import torch
 
 from rlstash.core import SampleContext
+from rlstash.core import check_capacity as check_capacity  # the one check, re-exported
 
 REJECTION_ROUNDS = 8  # redraws before an exact (O(capacity)) fallback
-
-
-def check_capacity(capacity: Any) -> int:
-    if not isinstance(capacity, int | np.integer) or isinstance(capacity, bool) or capacity <= 0:
-        raise ValueError(f"capacity: expected a positive int, got {capacity!r}")
-    return int(capacity)
 
 
 def check_batch_size(batch_size: Any) -> None:

@@ -66,6 +66,8 @@ from typing import Any
 
 import numpy as np
 
+from rlstash.core import check_capacity
+
 _HAS_BITCOUNT = hasattr(np, "bitwise_count")
 
 
@@ -79,12 +81,7 @@ class SumMinTree:
     """
 
     def __init__(self, capacity: int, branching: int = 8, max_top: int = 2048) -> None:
-        if (
-            not isinstance(capacity, int | np.integer)
-            or isinstance(capacity, bool)
-            or capacity <= 0
-        ):
-            raise ValueError(f"capacity: expected a positive int, got {capacity!r}")
+        check_capacity(capacity)
         if branching < 8 or branching & (branching - 1):
             raise ValueError(f"branching: expected a power of two >= 8, got {branching!r}")
         if max_top < 1:

@@ -1,19 +1,18 @@
-"""MemmapStorage: one reserved file per field on disk, resumable after a crash.
+"""MemmapStorage: one reserved file per field on disk; nothing committed is lost on a crash.
 
-Layout of the directory ``path``::
-
-    meta.json           {"format", "version", "spec", "capacity", "cursor", "size", "extra", "files"}
-    obs.bin             capacity * row_bytes(obs) bytes, rows back to back (C order)
-    obs__pixels.bin     field "obs/pixels" ("/" becomes "__")
-
-Every file is reserved in full with ``os.posix_fallocate`` at creation (invariant I2): a
-disk without room is an error at creation that names the bytes needed and free, and leaves
-nothing behind, never a SIGBUS or a short write later. ``meta.json`` is written atomically
-(temp file, fsync, ``os.replace``, fsync of the directory) by :meth:`MemmapStorage.flush`
-and :meth:`MemmapStorage.close`, after the data pages were synced, so it never claims rows
-that are not on disk. Opening a directory that holds a ``meta.json`` resumes it (data,
-``cursor``, ``size``, ``extra``) once its spec and capacity match. A directory is open in at
-most one storage at a time (an exclusive ``flock`` on it).
+The directory layout and the commit protocol are described in
+:mod:`rlstash.storage.disk_layout`. In short: every file (the field files, ``meta.json`` and
+the 4 KiB ``commit.rec``) is reserved in full at creation (invariant I2), so a disk without
+room is an error at creation that names the bytes needed and free and leaves nothing behind,
+and a disk filled by someone else later cannot make a commit, ``flush`` or ``close`` fail.
+Rows go into the memory maps first; :meth:`MemmapStorage.set_cursor` then stores a commit
+record. After a SIGKILL at any moment, reopening the directory finds the position of the last
+completed ``set_cursor`` (the buffer calls it at the end of every ``extend``) and every row it
+counts; rows that were being overwritten when the process died are marked invalid
+(:attr:`MemmapStorage.valid`), never counted half-written. After a power loss, the position
+of the last :meth:`~MemmapStorage.flush` / :meth:`~MemmapStorage.close` is used (the only
+places that fsync). A directory is open in at most one storage at a time (an exclusive
+``flock`` on it).
 
 Reads and writes are those of :class:`~rlstash.storage.ram.ArrayStorage` over numpy views of
 the memory maps (``np.take(out=)`` gathers); ``tensors`` holds ``torch.from_numpy`` views.
@@ -24,6 +23,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import operator
 import os
 import weakref
 from collections.abc import Mapping
@@ -34,46 +34,26 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlstash.atomic import TMP_MARK, write_atomic
+from rlstash.core import Index, check_capacity
 from rlstash.diag.memory import InsufficientMemoryError, disk_free, exact_bytes, plan
-from rlstash.spec import Spec
-from rlstash.storage.ram import ArrayStorage, as_spec, check_capacity, numpy_view, spec_mismatch
+from rlstash.spec import Batch, Spec
+from rlstash.storage.disk_layout import (
+    COMMIT,
+    COMMIT_BYTES,
+    META,
+    Commit,
+    CommitLog,
+    create_commit_file,
+    file_names,
+    meta_dict,
+    open_maps,
+    read_data,
+    read_meta,
+)
+from rlstash.storage.ram import ArrayStorage, as_spec, normalize_index, spec_mismatch
 
-FORMAT = "rlstash.memmap"
-VERSION = 1
-META = "meta.json"
-_TMP_PREFIX = ".meta.json.tmp."
-
-
-def field_filename(name: str) -> str:
-    """The file of field ``name``: ``"obs/pixels"`` -> ``"obs__pixels.bin"``."""
-    return name.replace("/", "__") + ".bin"
-
-
-def _file_names(spec: Spec) -> dict[str, str]:
-    names = {k: field_filename(k) for k in spec}
-    seen: dict[str, str] = {}
-    for k, fname in names.items():
-        if fname in seen:
-            raise ValueError(
-                f"fields {seen[fname]!r} and {k!r} would share the file {fname!r}; rename one"
-            )
-        if "\0" in fname or len(fname.encode()) > 255:
-            raise ValueError(f"field {k!r}: cannot be a file name ({fname!r})")
-        seen[fname] = k
-    return names
-
-
-def _plain(extra: dict[str, Any]) -> bool:
-    """True when every item is ``str -> int``: JSON-serializable without trying (the buffer's
-    ``{"total": n}``, on every extend)."""
-    for k, v in extra.items():
-        if type(k) is not str or type(v) is not int:
-            return False
-    return True
-
-
-def _np_dtype(dtype: torch.dtype) -> np.dtype:
-    return numpy_view(torch.zeros(0, dtype=dtype)).dtype  # bfloat16 -> int16 bit patterns
+__all__ = ["MemmapStorage"]
 
 
 @dataclass
@@ -81,72 +61,19 @@ class _DiskState:
     """What the finalizer needs to close a storage nobody closed (shared with the storage)."""
 
     path: Path
-    spec: Spec
-    capacity: int
-    cursor: int = 0
-    size: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    rec: Commit
+    log: CommitLog | None = None
+    extra_bytes: bytes | None = b"{}"  # None: the record's extra is {"total": rec.total}
     maps: list[np.memmap] = field(default_factory=list)
     lock_fd: int | None = None
     closed: bool = False
 
 
-def _meta(st: _DiskState) -> dict[str, Any]:
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "spec": st.spec.to_dict(),
-        "capacity": st.capacity,
-        "cursor": st.cursor,
-        "size": st.size,
-        "extra": st.extra,
-        "files": _file_names(st.spec),
-    }
-
-
-def write_meta(path: Path, meta: Mapping[str, Any]) -> None:
-    """Write ``path/meta.json`` atomically: temp file, fsync, ``os.replace``, fsync the dir."""
-    tmp = path / f"{_TMP_PREFIX}{os.getpid()}"
-    data = json.dumps(meta, indent=1).encode()
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path / META)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
-def read_meta(path: Path) -> dict[str, Any]:
-    """The parsed ``path/meta.json``, checked for format and version."""
-    try:
-        meta = json.loads((path / META).read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"path: cannot read {path / META}: {exc}") from exc
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ValueError(f"path: {path / META} is not the metadata of a MemmapStorage")
-    if meta.get("version") != VERSION:
-        raise ValueError(
-            f"path: {path / META} has format version {meta.get('version')}, this rlstash reads {VERSION}"
-        )
-    return meta
-
-
 def _flush(st: _DiskState) -> None:
     for m in st.maps:
-        m.flush()  # msync: data reach the disk before the metadata that counts them
-    write_meta(st.path, _meta(st))
+        m.flush()  # msync: data reach the disk before the record that counts them
+    st.log.write(st.rec, st.extra_bytes, synced=True)
+    st.log.sync()
 
 
 def _close(st: _DiskState) -> None:
@@ -155,10 +82,12 @@ def _close(st: _DiskState) -> None:
         return
     st.closed = True
     try:
-        if st.maps and st.path.is_dir():  # a directory removed by its owner has nothing to keep
+        if st.log is not None and st.path.is_dir():  # a removed directory has nothing to keep
             _flush(st)
     finally:
         st.maps.clear()
+        if st.log is not None:
+            st.log.close()
         if st.lock_fd is not None:
             os.close(st.lock_fd)  # releases the flock
             st.lock_fd = None
@@ -178,20 +107,19 @@ def _lock(path: Path) -> int:
 
 
 def _disk_overhead(path: Path, spec: Spec, capacity: int) -> int:
-    """Bytes beyond the data: each file rounded up to whole blocks, meta.json and its temp."""
+    """Bytes beyond the data: each file rounded up to whole blocks, meta.json and its temp,
+    commit.rec."""
     here = path
     while not here.exists() and here != here.parent:
         here = here.parent
     block = os.statvfs(here).f_frsize or 4096
     rounding = sum(-(capacity * f.row_bytes) % block for f in spec.values())
-    return rounding + 2 * block
+    return rounding + 2 * block + -(-COMMIT_BYTES // block) * block
 
 
-def _reserve(path: Path, spec: Spec, capacity: int, needed: int, meta: Mapping[str, Any]) -> None:
-    """Create ``path`` (and missing parents), fallocate every field file, write ``meta.json``.
-
-    All or nothing: on any failure everything created here is removed again.
-    """
+def _reserve(path: Path, spec: Spec, capacity: int, needed: int) -> None:
+    """Create ``path`` (and missing parents), fallocate every field file and ``commit.rec``,
+    write ``meta.json``. All or nothing: on any failure everything created here is removed."""
     made: list[Path] = []  # directories and files we created, in order
     missing = []
     here = path
@@ -203,7 +131,7 @@ def _reserve(path: Path, spec: Spec, capacity: int, needed: int, meta: Mapping[s
         for d in reversed(missing):
             d.mkdir()
             made.append(d)
-        for name, fname in _file_names(spec).items():
+        for name, fname in file_names(spec).items():
             nbytes = capacity * spec[name].row_bytes
             fd = os.open(path / fname, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             made.append(path / fname)
@@ -212,8 +140,10 @@ def _reserve(path: Path, spec: Spec, capacity: int, needed: int, meta: Mapping[s
                     os.posix_fallocate(fd, 0, nbytes)
             finally:
                 os.close(fd)
+        made.append(path / COMMIT)
+        create_commit_file(path / COMMIT)
         made.append(path / META)
-        write_meta(path, meta)
+        write_atomic(path / META, json.dumps(meta_dict(spec, capacity), indent=1).encode())
     except BaseException as exc:
         for p in reversed(made):
             if p.is_dir():
@@ -241,29 +171,53 @@ def _reserve(path: Path, spec: Spec, capacity: int, needed: int, meta: Mapping[s
         raise
 
 
-def _open_maps(path: Path, spec: Spec, capacity: int, mode: str) -> dict[str, np.ndarray]:
-    """Memory maps ``[capacity, *shape]`` of every field file (checked for size)."""
-    maps: dict[str, np.ndarray] = {}
-    for name, fname in _file_names(spec).items():
-        f = spec[name]
-        shape = (capacity, *f.shape)
-        nbytes = capacity * f.row_bytes
-        fp = path / fname
-        size = fp.stat().st_size if fp.exists() else None
-        if size != nbytes:
-            got = "is missing" if size is None else f"has {size:,} bytes"
-            raise ValueError(f"path: {fp} {got}, expected {nbytes:,} bytes; the storage is damaged")
-        if nbytes == 0:
-            maps[name] = np.zeros(shape, dtype=_np_dtype(f.dtype))
-        else:
-            maps[name] = np.memmap(fp, dtype=_np_dtype(f.dtype), mode=mode, shape=shape)
-    return maps
+def _check_commit(rec: Commit, capacity: int, file: Path) -> None:
+    ok = (
+        0 <= rec.cursor < capacity
+        and 0 <= rec.size <= capacity
+        and 0 <= rec.hole_start < capacity
+        and 0 <= rec.hole_len <= capacity
+        and (rec.extra is None or isinstance(rec.extra, dict))
+    )
+    if not ok:
+        raise ValueError(
+            f"path: {file} is damaged: its record says cursor={rec.cursor} size={rec.size} "
+            f"hole={rec.hole_start}+{rec.hole_len} for capacity {capacity}. Fix: restore the "
+            "directory from a copy, or delete it and start a new storage"
+        )
 
 
-def read_data(state: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """The data of a :meth:`MemmapStorage.state_dict` as copy-on-write maps (file unchanged)."""
-    spec = Spec.from_dict(state["spec"])
-    return _open_maps(Path(state["path"]), spec, int(state["capacity"]), "c")
+# ---------------------------------------------------------------------------- ring intervals
+def _span(index: slice | np.ndarray, capacity: int) -> tuple[int, int]:
+    """(start, length) of the smallest ring interval holding every row of ``index``."""
+    if type(index) is slice:
+        return index.start, index.stop - index.start
+    if index.size == 0:
+        return 0, 0
+    first = int(index[0])
+    return first, int(((index - first) % capacity).max()) + 1
+
+
+def _union(a: tuple[int, int], b: tuple[int, int], capacity: int) -> tuple[int, int]:
+    """A ring interval holding both ``a`` and ``b`` (the shorter of the two candidates)."""
+    if not a[1]:
+        return b
+    if not b[1]:
+        return a
+    from_a = max(a[1], (b[0] - a[0]) % capacity + b[1])
+    from_b = max(b[1], (a[0] - b[0]) % capacity + a[1])
+    return (a[0], min(from_a, capacity)) if from_a <= from_b else (b[0], min(from_b, capacity))
+
+
+def _minus(hole: tuple[int, int], done: tuple[int, int], capacity: int) -> tuple[int, int]:
+    """``hole`` without the rows of ``done`` when they cover its start (else ``hole``)."""
+    into = (hole[0] - done[0]) % capacity
+    if not hole[1] or into >= done[1]:
+        return hole
+    covered = done[1] - into
+    if covered >= hole[1]:
+        return (0, 0)
+    return ((hole[0] + covered) % capacity, hole[1] - covered)
 
 
 class MemmapStorage(ArrayStorage):
@@ -272,9 +226,10 @@ class MemmapStorage(ArrayStorage):
     Creating checks free disk space first (:func:`rlstash.diag.memory.plan`, ``storage="disk"``)
     and raises :class:`~rlstash.diag.memory.InsufficientMemoryError` (unless
     ``allow_overcommit``) before anything is created. A directory with a ``meta.json``
-    reopens instead (same spec and capacity required). The writer's position is kept in
-    ``cursor`` / ``size`` (set them with :meth:`set_cursor`; persisted by :meth:`flush` and
-    :meth:`close`), plus ``extra``, a small JSON-serializable dict for the caller.
+    reopens instead (same spec and capacity required) at its last committed position. The
+    writer's position is ``cursor`` / ``size`` plus ``extra``, a small JSON-serializable dict
+    for the caller (at most ~950 bytes as JSON); :meth:`set_cursor` commits all three (see
+    :mod:`rlstash.storage.disk_layout` for what survives a crash).
     """
 
     def __init__(
@@ -288,16 +243,19 @@ class MemmapStorage(ArrayStorage):
         self.capacity = check_capacity(capacity)
         self.device = torch.device("cpu")
         self.path = Path(path).absolute()
-        _file_names(self.spec)
-        st = _DiskState(self.path, self.spec, self.capacity)
-        if (self.path / META).exists():
-            self._resume(st)
-        else:
-            self._create(st, allow_overcommit)
+        file_names(self.spec)
+        st = _DiskState(self.path, Commit())
         try:
-            maps = _open_maps(self.path, self.spec, self.capacity, "r+")
+            if (self.path / META).exists():
+                self._resume(st)
+            else:
+                self._create(st, allow_overcommit)
+            maps = open_maps(self.path, self.spec, self.capacity, "r+")
         except BaseException:
-            os.close(st.lock_fd)
+            if st.log is not None:
+                st.log.close()
+            if st.lock_fd is not None:
+                os.close(st.lock_fd)
             raise
         st.maps = [m for m in maps.values() if isinstance(m, np.memmap)]
         arrays = {k: m.view(np.ndarray) for k, m in maps.items()}  # plain views: no memmap overhead
@@ -306,6 +264,8 @@ class MemmapStorage(ArrayStorage):
             if tensors[k].dtype != f.dtype:
                 tensors[k] = tensors[k].view(f.dtype)
         self._state = st
+        self._hole = (st.rec.hole_start, st.rec.hole_len)  # rows a crash may have torn
+        self._valid = self._valid_mask()
         self._finalizer = weakref.finalize(self, _close, st)
         self._bind(tensors, arrays)
 
@@ -321,33 +281,48 @@ class MemmapStorage(ArrayStorage):
         overhead = _disk_overhead(self.path, self.spec, self.capacity)
         self.plan = plan(
             self.spec, self.capacity, "disk", path=self.path,
-            extra={"disk": {"block rounding and meta.json": overhead}},
+            extra={"disk": {"block rounding, meta.json and commit.rec": overhead}},
         ).check(allow_overcommit)  # fmt: skip
-        _reserve(self.path, self.spec, self.capacity, self.plan.place("disk").needed, _meta(st))
+        _reserve(self.path, self.spec, self.capacity, self.plan.place("disk").needed)
         st.lock_fd = _lock(self.path)
+        st.log = CommitLog(self.path / COMMIT)
 
     def _resume(self, st: _DiskState) -> None:
         meta = read_meta(self.path)
-        diff = spec_mismatch(self.spec, Spec.from_dict(meta["spec"]))
+        diff = spec_mismatch(self.spec, meta["spec"])
         if diff:
             raise ValueError(f"path: the storage at {self.path} has another spec: {diff}")
-        if int(meta["capacity"]) != self.capacity:
+        if meta["capacity"] != self.capacity:
             raise ValueError(
                 f"path: the storage at {self.path} has capacity {meta['capacity']}, "
                 f"expected {self.capacity}"
             )
-        st.cursor, st.size = int(meta["cursor"]), int(meta["size"])
-        st.extra = dict(meta.get("extra") or {})
         self.plan = plan(self.spec, self.capacity, "disk", path=self.path)
         st.lock_fd = _lock(self.path)
-        for stale in self.path.glob(f"{_TMP_PREFIX}*"):  # from a crash during a meta write
+        for stale in self.path.glob(f".{META}{TMP_MARK}*"):  # from a crash during a meta write
             stale.unlink(missing_ok=True)
+        if meta["version"] == 1:  # the position is in meta.json: move it to a commit record
+            extra = dict(meta.get("extra") or {})
+            st.rec = Commit(meta["cursor"], meta["size"], extra=extra)
+            if not (self.path / COMMIT).exists():
+                create_commit_file(self.path / COMMIT)
+            st.log = CommitLog(self.path / COMMIT)
+            st.extra_bytes = st.log.encode_extra(extra)
+            _flush(st)
+            write_atomic(
+                self.path / META, json.dumps(meta_dict(self.spec, self.capacity), indent=1).encode()
+            )
+            return
+        st.log = CommitLog(self.path / COMMIT)
+        st.rec = st.log.read() or Commit()
+        _check_commit(st.rec, self.capacity, self.path / COMMIT)
+        st.extra_bytes = None if st.rec.extra is None else st.log.encode_extra(st.rec.extra)
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> MemmapStorage:
         """Reopen the storage at ``path`` with the spec and capacity of its ``meta.json``."""
         meta = read_meta(Path(path))
-        return cls(Spec.from_dict(meta["spec"]), int(meta["capacity"]), path)
+        return cls(meta["spec"], meta["capacity"], path)
 
     def __repr__(self) -> str:
         return f"MemmapStorage({self.spec!r}, capacity={self.capacity}, path={str(self.path)!r})"
@@ -355,36 +330,123 @@ class MemmapStorage(ArrayStorage):
     # ------------------------------------------------------------------ writer position
     @property
     def cursor(self) -> int:
-        """Next write position (persisted by :meth:`flush`)."""
-        return self._state.cursor
+        """Next write position (committed by :meth:`set_cursor`)."""
+        return self._state.rec.cursor
 
     @property
     def size(self) -> int:
-        """Rows stored (persisted by :meth:`flush`)."""
-        return self._state.size
+        """Rows stored (committed by :meth:`set_cursor`)."""
+        return self._state.rec.size
 
     @property
     def extra(self) -> dict[str, Any]:
-        """A small JSON-serializable dict persisted with the metadata."""
-        return self._state.extra
+        """A small JSON-serializable dict committed with the position."""
+        return self._state.rec.extra_dict()
+
+    @property
+    def valid(self) -> np.ndarray | None:
+        """None, or after reopening from a crash in the middle of overwriting stored rows,
+        ``bool[capacity]``: False for the rows that may be torn (until they are rewritten).
+        Samplers never return a row outside it."""
+        return self._valid
 
     def set_cursor(self, cursor: int, size: int, extra: Mapping[str, Any] | None = None) -> None:
-        """Record the writer's position (``0 <= cursor < capacity``, ``0 <= size <= capacity``)."""
-        if not (0 <= cursor < self.capacity) or not (0 <= size <= self.capacity):
+        """Commit the writer's position (``0 <= cursor < capacity``, ``0 <= size <= capacity``):
+        rows written before this call survive a crash of the process from now on."""
+        cap = self.capacity
+        if type(cursor) is not int or type(size) is not int:
+            cursor, size = operator.index(cursor), operator.index(size)
+        if not (0 <= cursor < cap) or not (0 <= size <= cap):
             raise ValueError(
-                f"cursor/size: expected 0 <= cursor < {self.capacity} and 0 <= size <= "
-                f"{self.capacity}, got cursor={cursor} size={size}"
+                f"cursor/size: expected 0 <= cursor < {cap} and 0 <= size <= {cap}, got "
+                f"cursor={cursor} size={size}"
             )
+        st = self._state
+        if st.closed:
+            self._check_open()
+        rec = st.rec
         if extra is not None:
-            extra = dict(extra)
-            if not _plain(extra):
-                json.dumps(extra)  # refuse what cannot be persisted, before changing anything
-            self._state.extra = extra
-        self._state.cursor, self._state.size = int(cursor), int(size)
+            if type(extra) is dict and len(extra) == 1 and type(extra.get("total")) is int:
+                rec.total, rec.extra, st.extra_bytes = extra["total"], None, None  # no JSON
+            else:
+                data = st.log.encode_extra(extra)  # refuses what cannot be stored, first
+                rec.extra, st.extra_bytes = dict(extra), data
+        rec.cursor, rec.size = cursor, size
+        rec.hole_start, rec.hole_len = self._hole
+        st.log.write(rec, st.extra_bytes)
+
+    # ------------------------------------------------------------------ writing
+    def write(self, index: Index, batch: Batch, validate: bool = True) -> None:
+        """:meth:`ArrayStorage.write`, committing a hole first when stored rows are overwritten."""
+        if self._closed:
+            self._check_open()
+        if validate:
+            batch = self.spec.validate(batch)
+        index, n = normalize_index(index, self.capacity)
+        rows = len(next(iter(batch.values()))) if batch else 0
+        if rows != n:
+            raise ValueError(
+                f"index: selects {n} rows but the batch has {rows} rows; they must be equal"
+            )
+        span = self._before_write(index)
+        super().write(index, batch, validate=False)
+        if span is not None:
+            self._after_write(span)
+
+    def put(self, index: slice | np.ndarray, srcs: list[np.ndarray | torch.Tensor]) -> None:
+        """:meth:`ArrayStorage.put`, committing a hole first when stored rows are overwritten."""
+        st = self._state
+        rec = st.rec
+        if type(index) is slice and not self._hole[1]:  # the writer's case: no hole yet
+            if rec.size == self.capacity:  # a full ring: these rows are about to be torn
+                rec.hole_start, rec.hole_len = index.start, index.stop - index.start
+                st.log.write(rec, st.extra_bytes)
+            elif index.start < rec.size:
+                self._before_write(index)
+            ArrayStorage.put(self, index, srcs)
+            return
+        span = self._before_write(index)
+        ArrayStorage.put(self, index, srcs)
+        if span is not None:
+            self._after_write(span)
+
+    def _before_write(self, index: slice | np.ndarray) -> tuple[int, int] | None:
+        """When ``index`` overwrites counted rows, commit them as a hole first; returns the
+        written span then (None when only free rows are written)."""
+        st = self._state
+        size, cap = st.rec.size, self.capacity
+        if not size:
+            return None
+        if size < cap and type(index) is slice and index.start >= size:
+            return None  # the common case while filling: only rows past the stored ones
+        start, n = _span(index, cap)
+        if not n or (size < cap and start >= size and start + n <= cap):
+            return None
+        rec = st.rec
+        rec.hole_start, rec.hole_len = _union(self._hole, (start, n), cap)
+        st.log.write(rec, st.extra_bytes)
+        return start, n
+
+    def _after_write(self, span: tuple[int, int]) -> None:
+        """The rows of ``span`` are whole again; the next record no longer marks them."""
+        hole = _minus(self._hole, span, self.capacity)
+        if hole != self._hole:
+            self._hole = hole
+            self._valid = self._valid_mask()
+
+    def _valid_mask(self) -> np.ndarray | None:
+        start, n = self._hole
+        if not n:
+            return None
+        valid = np.ones(self.capacity, dtype=bool)
+        rows = (start + np.arange(n, dtype=np.int64)) % self.capacity
+        valid[rows] = False
+        return valid
 
     # ------------------------------------------------------------------ lifecycle
     def flush(self) -> None:
-        """Sync the data pages (msync), then write ``meta.json`` atomically."""
+        """Sync the data pages (msync), then store and sync a commit record (survives a power
+        loss from now on). Allocates nothing."""
         self._check_open()
         _flush(self._state)
 
@@ -407,33 +469,47 @@ class MemmapStorage(ArrayStorage):
         """Flushes, then references the directory: ``{"kind", "path", "spec", "capacity",
         "cursor", "size", "extra"}`` (no data copied)."""
         self.flush()
-        st = self._state
+        rec = self._state.rec
         return {
             "kind": "MemmapStorage",
             "path": str(self.path),
             "spec": self.spec.to_dict(),
             "capacity": self.capacity,
-            "cursor": st.cursor,
-            "size": st.size,
-            "extra": dict(st.extra),
+            "cursor": rec.cursor,
+            "size": rec.size,
+            "extra": dict(rec.extra_dict()),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load a state: this directory's (position only), another directory's (its data are
-        copied here) or a :class:`TensorStorage` state with ``data``. Then flushes."""
+        copied here) or a :class:`TensorStorage` state with ``data``. Then flushes.
+
+        While rows are copied in, the committed position is empty: a crash then leaves an
+        empty storage, never a mix counted as valid. A state that does not match changes
+        nothing."""
         self._check_open()
+        copy = None
         if "data" in state:
-            self._load_arrays(state)
+            copy = lambda: self._load_arrays(state)  # noqa: E731 - checks all, then copies
         else:
             diff = spec_mismatch(self.spec, Spec.from_dict(state["spec"]))
             if diff or int(state["capacity"]) != self.capacity:
                 raise ValueError(
                     f"state: does not match this storage: {diff or 'capacity ' + str(state['capacity'])}"
                 )
-            src = Path(state["path"]).absolute()
-            if src != self.path:
-                for name, m in read_data(state).items():
-                    np.copyto(self._arrays[name], m)
+            if Path(state["path"]).absolute() != self.path:
+                data = read_data(state)
+                copy = lambda: [np.copyto(self._arrays[k], m) for k, m in data.items()]  # noqa: E731
+        if copy is not None:
+            rec = self._state.rec
+            old = (rec.cursor, rec.size)
+            self.set_cursor(0, 0)
+            try:
+                copy()
+            except ValueError:
+                self.set_cursor(*old)  # a state that does not match: checked before copying
+                raise
+            self._hole, self._valid = (0, 0), None
         cursor, size = int(state.get("cursor", 0)), int(state.get("size", 0))
         self.set_cursor(cursor, size, state.get("extra"))
         self.flush()

@@ -30,11 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlstash.core import Index
+from rlstash.core import Index, check_capacity
 from rlstash.device import resolve_device, stream_order
 from rlstash.diag.memory import plan
 from rlstash.indices import normalize_index
 from rlstash.spec import Batch, Spec, dtype_name
+from rlstash.storage.disk_layout import read_data
 
 # numpy has no bfloat16: such fields are stored and moved as int16 bit patterns.
 _CARRIERS = {torch.bfloat16: torch.int16}
@@ -65,13 +66,6 @@ _memmove = ctypes.memmove  # the same, releasing the GIL while it copies
 def as_spec(spec: Spec | Mapping) -> Spec:
     """``spec`` as a :class:`Spec`."""
     return spec if isinstance(spec, Spec) else Spec(spec)
-
-
-def check_capacity(capacity: Any) -> int:
-    """``capacity`` if it is a positive int, else ValueError."""
-    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
-        raise ValueError(f"capacity: expected a positive int, got {capacity!r}")
-    return capacity
 
 
 def numpy_view(t: torch.Tensor) -> np.ndarray:
@@ -579,8 +573,6 @@ class TensorStorage(ArrayStorage):
         """
         self._check_open()
         if "data" not in state and "path" in state:
-            from rlstash.storage.disk import read_data  # disk builds on this module
-
             state = {**state, "data": read_data(state)}
         self._load_arrays(state)
 

@@ -64,6 +64,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlstash.atomic import write_atomic
 from rlstash.core import Index, Storage
 from rlstash.device import resolve_device
 from rlstash.indices import as_rows
@@ -156,7 +157,9 @@ class StreamStorage:
         num_envs: N, the number of lanes. Each gets ``capacity // num_envs`` slots.
         capacity: slots in total (rounded down to a multiple of ``num_envs``).
         backing: ``"ram"`` (TensorStorage on ``device``), ``"disk"`` (MemmapStorage at
-            ``path``) or a factory ``(spec, capacity) -> storage``.
+            ``path``) or a factory ``(spec, capacity) -> storage``. A factory with a ``path``
+            must return a storage whose data persist there (a TieredStorage over a disk cold
+            tier at ``path``): the stream keeps its bookkeeping beside it and resumes.
         autoreset: ``"next_step"`` or ``"same_step"`` (see the module docstring).
         reads: n-step, gamma and frame stacking of reads (:class:`ReadSpec`).
         stacked_input: observations arrive stacked ``[k, ...]``; only the newest frame is stored.
@@ -216,20 +219,26 @@ class StreamStorage:
                     f"device: a disk backing lives on the CPU, got {str(device)!r}; deliver "
                     "batches to a device with ReplayBuffer(device=...)"
                 )
-            return self._open_disk(Path(path).absolute(), overcommit)
+            from rlstash.storage.disk import MemmapStorage
+
+            path = Path(path).absolute()
+            resume = self._check_dir(path)
+            store = MemmapStorage(self.slot_spec, self.capacity, path, overcommit)
+            return self._keep_books(store, path, resume)
         if not callable(backing):
             raise ValueError(f"backing: expected 'ram', 'disk' or a factory, got {backing!r}")
+        resume = False if path is None else self._check_dir(Path(path).absolute())
         store = backing(self.slot_spec, self.capacity)
         if getattr(store, "capacity", None) != self.capacity or store.spec != self.slot_spec:
             raise ValueError(
                 f"backing: the factory must return a storage of spec {self.slot_spec!r} and "
                 f"capacity {self.capacity}, got {store!r}"
             )
-        return store
+        return store if path is None else self._keep_books(store, Path(path).absolute(), resume)
 
-    def _open_disk(self, path: Path, overcommit: bool) -> Any:
-        """A MemmapStorage at ``path`` plus ``stream.npz``; an existing stream resumes."""
-        from rlstash.storage.disk import META, MemmapStorage
+    def _check_dir(self, path: Path) -> bool:
+        """True when ``path`` holds a stream to resume; refuses a plain MemmapStorage."""
+        from rlstash.storage.disk_layout import META
 
         resume = (path / NPZ).exists()
         if (path / META).exists() and not resume:
@@ -237,7 +246,10 @@ class StreamStorage:
                 f"path: {path} holds a MemmapStorage without {NPZ}: it is not a StreamStorage "
                 "directory; use an empty or a new directory"
             )
-        store = MemmapStorage(self.slot_spec, self.capacity, path, overcommit)
+        return resume
+
+    def _keep_books(self, store: Any, path: Path, resume: bool) -> Any:
+        """Keep ``stream.npz`` beside the data at ``path``; an existing stream resumes."""
         self._path = path
         try:
             if resume:
@@ -660,6 +672,8 @@ class StreamStorage:
         kind = state["backing"].get("kind")
         if kind == "MemmapStorage":
             return cls(*args, "disk", path=state["backing"]["path"], **kw)
+        if kind == "TieredStorage" and state["backing"]["cold"].get("kind") == "MemmapStorage":
+            return cls(*args, _tiered_factory(state["backing"], device), path=state["backing"]["cold"]["path"], **kw)  # fmt: skip
         if kind != "TensorStorage":
             raise TypeError(f"state: cannot rebuild a {kind} backing")
         store = cls(*args, "ram", device or state["device"], **kw)
@@ -702,30 +716,33 @@ class StreamStorage:
         )
 
 
+def _tiered_factory(
+    state: Mapping[str, Any], device: str | torch.device | None
+) -> Callable[[Spec, int], Storage]:
+    """Reopens a TieredStorage's disk cold tier under an empty hot tier (on ``device`` or the
+    saved one); the stream's ``stream.npz`` beside it says which slots hold data."""
+    from rlstash.storage.disk import MemmapStorage
+    from rlstash.storage.tiered import TieredStorage
+
+    def make(spec: Spec, capacity: int) -> Storage:
+        hot = TensorStorage(spec, int(state["hot"]["capacity"]), device or state["hot"]["device"])
+        cold = MemmapStorage(spec, capacity, state["cold"]["path"])
+        return TieredStorage(hot, cold, block=int(state["block"]))
+
+    return make
+
+
 def _persist(store: Any, lanes: Lanes, path: Path, margin: int, config: dict[str, Any]) -> None:
-    """Sync the data pages, then save the bookkeeping atomically (temp file, fsync,
-    ``os.replace``, fsync of the directory), vouching for ``margin`` more slots per lane."""
+    """Sync the data pages, then save the bookkeeping atomically (:func:`write_atomic`),
+    vouching for ``margin`` more slots per lane."""
     try:
         store.flush()  # msync: data reach the disk before the bookkeeping that counts them
     except RuntimeError:
         if not getattr(store, "_closed", False):
             raise  # a closed MemmapStorage flushed itself when it closed
     lanes.reserved[:] = lanes.count + margin
-    tmp = path / f".{NPZ}.{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, config=np.array(json.dumps(config)), **lanes.arrays())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path / NPZ)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    arrays = lanes.arrays()
+    write_atomic(path / NPZ, lambda f: np.savez(f, config=np.array(json.dumps(config)), **arrays))
 
 
 def _bookkeeping_bytes(num_envs: int, slots: int) -> int:

@@ -213,6 +213,12 @@ class TieredStorage:
         """The small dict last given to :meth:`set_cursor`."""
         return self._extra
 
+    @property
+    def valid(self) -> np.ndarray | None:
+        """The cold tier's torn-row mask after a crash (rows it may hold half-written), or
+        None. Conservative: a row rewritten since sits whole in the hot tier meanwhile."""
+        return getattr(self.cold, "valid", None)
+
     def set_cursor(self, cursor: int, size: int, extra: Mapping[str, Any] | None = None) -> None:
         """Record the writer position; it reaches a disk cold tier at the next :meth:`flush`."""
         if not (0 <= cursor < self.capacity and 0 <= size <= self.capacity):

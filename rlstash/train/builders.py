@@ -322,7 +322,7 @@ def make_buffer(
             hot = TensorStorage(s, min(n_hot, cap), device=buffer_device)
             return TieredStorage(hot, MemmapStorage(s, cap, run_dir / "buffer"))
 
-    path = run_dir / "buffer" if cfg.storage == "disk" else None
+    path = run_dir / "buffer" if cfg.storage != "ram" else None  # disk, tiered: resumable there
     device = buffer_device if cfg.storage == "ram" else "cpu"
     st = StreamStorage(
         spec, num_envs, capacity, backing=backing, device=device, path=path, reads=reads,

@@ -274,6 +274,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError, MemoryError) as exc:
         print(f"rlstash {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a full disk during a checkpoint, a vanished directory: one line
+        print(f"rlstash {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"rlstash {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -8,22 +8,40 @@ the first row plus any later keys appended), ``eval.csv``, ``tb/`` (TensorBoard)
 from __future__ import annotations
 
 import csv
+import io
 import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from rlstash.atomic import write_atomic
+
 
 class CsvLog:
-    """Append-only CSV whose header grows when new keys appear (rewritten once then)."""
+    """Append-only CSV whose header grows when new keys appear (rewritten once then).
 
-    def __init__(self, path: Path) -> None:
+    An existing file is kept (resume) up to ``until_step``: rows of later steps were logged
+    after the checkpoint the run resumes from, and are logged again, so they are dropped.
+    """
+
+    def __init__(self, path: Path, until_step: int = 0) -> None:
         self.path = path
         self.keys: list[str] = []
-        if path.exists():  # resume: keep what is there
+        if path.exists():
             with path.open() as f:
                 self.keys = next(csv.reader(f), [])
+            rows = self._read() if self.keys else []
+            keep = [r for r in rows if _step(r) <= until_step]
+            if len(keep) != len(rows):
+                write_atomic(path, lambda f: self._dump(f, keep))
+
+    def _dump(self, f: Any, rows: list[dict[str, str]]) -> None:
+        text = io.StringIO(newline="")
+        w = csv.DictWriter(text, self.keys)
+        w.writeheader()
+        w.writerows(rows)
+        f.write(text.getvalue().encode())
 
     def write(self, row: dict[str, Any]) -> None:
         new = [k for k in row if k not in self.keys]
@@ -42,6 +60,13 @@ class CsvLog:
             return list(csv.DictReader(f))
 
 
+def _step(row: dict[str, str]) -> float:
+    try:
+        return float(row.get("step") or "nan")
+    except ValueError:
+        return math.inf  # unreadable: dropped with the rows past the checkpoint
+
+
 def _fmt(v: Any) -> Any:
     return f"{v:.6g}" if isinstance(v, float) else v
 
@@ -53,11 +78,11 @@ class RunLog:
         self, run_dir: Path, total_steps: int, quiet: bool = False, start_step: int = 0
     ) -> None:
         self.run_dir = run_dir
-        self.progress = CsvLog(run_dir / "progress.csv")
-        self.evals = CsvLog(run_dir / "eval.csv")
+        self.progress = CsvLog(run_dir / "progress.csv", start_step)
+        self.evals = CsvLog(run_dir / "eval.csv", start_step)
         self.quiet = quiet
         self.total = total_steps
-        self._tb = _tensorboard(run_dir / "tb")
+        self._tb = _tensorboard(run_dir / "tb", start_step)
         self._bar = None if quiet else _tqdm(total_steps, start_step)
         self._last_line = 0.0
         self._t0 = time.monotonic()
@@ -122,12 +147,13 @@ def _tqdm(total: int, initial: int) -> Any:
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
 
-def _tensorboard(path: Path) -> Any:
+def _tensorboard(path: Path, start_step: int) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except (ImportError, ModuleNotFoundError):
         return None
-    return SummaryWriter(str(path))
+    # purge_step: a resumed run hides the events logged after its checkpoint
+    return SummaryWriter(str(path), purge_step=start_step or None)
 
 
 def plot_learning_curve(run_dir: Path, threshold: float | None = None) -> Path | None:
