@@ -37,6 +37,7 @@ import torch
 from rlstash.atomic import TMP_MARK, write_atomic
 from rlstash.core import Index, check_capacity
 from rlstash.diag.memory import InsufficientMemoryError, disk_free, exact_bytes, plan
+from rlstash.indices import normalize_index
 from rlstash.spec import Batch, Spec
 from rlstash.storage.disk_layout import (
     COMMIT,
@@ -51,7 +52,7 @@ from rlstash.storage.disk_layout import (
     read_data,
     read_meta,
 )
-from rlstash.storage.ram import ArrayStorage, as_spec, normalize_index, spec_mismatch
+from rlstash.storage.ram import ArrayStorage, as_spec, spec_mismatch
 
 __all__ = ["MemmapStorage"]
 
