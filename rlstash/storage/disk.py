@@ -51,6 +51,9 @@ from rlstash.storage.disk_layout import (
     open_maps,
     read_data,
     read_meta,
+    ring_minus,
+    ring_span,
+    ring_union,
 )
 from rlstash.storage.ram import ArrayStorage, as_spec, spec_mismatch
 
@@ -186,39 +189,6 @@ def _check_commit(rec: Commit, capacity: int, file: Path) -> None:
             f"hole={rec.hole_start}+{rec.hole_len} for capacity {capacity}. Fix: restore the "
             "directory from a copy, or delete it and start a new storage"
         )
-
-
-# ---------------------------------------------------------------------------- ring intervals
-def _span(index: slice | np.ndarray, capacity: int) -> tuple[int, int]:
-    """(start, length) of the smallest ring interval holding every row of ``index``."""
-    if type(index) is slice:
-        return index.start, index.stop - index.start
-    if index.size == 0:
-        return 0, 0
-    first = int(index[0])
-    return first, int(((index - first) % capacity).max()) + 1
-
-
-def _union(a: tuple[int, int], b: tuple[int, int], capacity: int) -> tuple[int, int]:
-    """A ring interval holding both ``a`` and ``b`` (the shorter of the two candidates)."""
-    if not a[1]:
-        return b
-    if not b[1]:
-        return a
-    from_a = max(a[1], (b[0] - a[0]) % capacity + b[1])
-    from_b = max(b[1], (a[0] - b[0]) % capacity + a[1])
-    return (a[0], min(from_a, capacity)) if from_a <= from_b else (b[0], min(from_b, capacity))
-
-
-def _minus(hole: tuple[int, int], done: tuple[int, int], capacity: int) -> tuple[int, int]:
-    """``hole`` without the rows of ``done`` when they cover its start (else ``hole``)."""
-    into = (hole[0] - done[0]) % capacity
-    if not hole[1] or into >= done[1]:
-        return hole
-    covered = done[1] - into
-    if covered >= hole[1]:
-        return (0, 0)
-    return ((hole[0] + covered) % capacity, hole[1] - covered)
 
 
 class MemmapStorage(ArrayStorage):
@@ -420,17 +390,17 @@ class MemmapStorage(ArrayStorage):
             return None
         if size < cap and type(index) is slice and index.start >= size:
             return None  # the common case while filling: only rows past the stored ones
-        start, n = _span(index, cap)
+        start, n = ring_span(index, cap)
         if not n or (size < cap and start >= size and start + n <= cap):
             return None
         rec = st.rec
-        rec.hole_start, rec.hole_len = _union(self._hole, (start, n), cap)
+        rec.hole_start, rec.hole_len = ring_union(self._hole, (start, n), cap)
         st.log.write(rec, st.extra_bytes)
         return start, n
 
     def _after_write(self, span: tuple[int, int]) -> None:
         """The rows of ``span`` are whole again; the next record no longer marks them."""
-        hole = _minus(self._hole, span, self.capacity)
+        hole = ring_minus(self._hole, span, self.capacity)
         if hole != self._hole:
             self._hole = hole
             self._valid = self._valid_mask()

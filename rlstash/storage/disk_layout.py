@@ -276,6 +276,39 @@ class CommitLog:
             self._map.close()
 
 
+# ---------------------------------------------------------------------------- holes (ring intervals)
+def ring_span(index: slice | np.ndarray, capacity: int) -> tuple[int, int]:
+    """(start, length) of the smallest ring interval holding every row of ``index``."""
+    if type(index) is slice:
+        return index.start, index.stop - index.start
+    if index.size == 0:
+        return 0, 0
+    first = int(index[0])
+    return first, int(((index - first) % capacity).max()) + 1
+
+
+def ring_union(a: tuple[int, int], b: tuple[int, int], capacity: int) -> tuple[int, int]:
+    """A ring interval holding both ``a`` and ``b`` (the shorter of the two candidates)."""
+    if not a[1]:
+        return b
+    if not b[1]:
+        return a
+    from_a = max(a[1], (b[0] - a[0]) % capacity + b[1])
+    from_b = max(b[1], (a[0] - b[0]) % capacity + a[1])
+    return (a[0], min(from_a, capacity)) if from_a <= from_b else (b[0], min(from_b, capacity))
+
+
+def ring_minus(hole: tuple[int, int], done: tuple[int, int], capacity: int) -> tuple[int, int]:
+    """``hole`` without the rows of ``done`` when they cover its start (else ``hole``)."""
+    into = (hole[0] - done[0]) % capacity
+    if not hole[1] or into >= done[1]:
+        return hole
+    covered = done[1] - into
+    if covered >= hole[1]:
+        return (0, 0)
+    return ((hole[0] + covered) % capacity, hole[1] - covered)
+
+
 def create_commit_file(path: Path) -> None:
     """Create ``path`` reserved at :data:`COMMIT_BYTES` bytes with no record in it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
