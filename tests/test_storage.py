@@ -594,6 +594,9 @@ def test_pooled_gathers_never_overwrite_batches_still_referenced(tmp_path, kind)
         flat = torch.as_tensor(held).reshape(-1, 256 * 256)
         want = idx[-flat.shape[0] :]  # f[1:] holds the second row only
         assert (flat == torch.tensor(want, dtype=torch.uint8)[:, None]).all()
+    # Release every held batch: the pooled blocks (_POOL_BLOCKS of them) are free again, so the
+    # next gather takes a pooled block (not a fresh allocation whose address is up to malloc).
+    kept.clear()
     first = storage.gather(np.array([1, 2]))
     ptr = first["frame"].data_ptr()
     del first
