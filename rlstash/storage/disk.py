@@ -37,7 +37,6 @@ import torch
 from rlstash.atomic import TMP_MARK, write_atomic
 from rlstash.core import Index, check_capacity
 from rlstash.diag.memory import InsufficientMemoryError, disk_free, exact_bytes, plan
-from rlstash.indices import normalize_index
 from rlstash.spec import Batch, Spec
 from rlstash.storage.disk_layout import (
     COMMIT,
@@ -349,16 +348,7 @@ class MemmapStorage(ArrayStorage):
     # ------------------------------------------------------------------ writing
     def write(self, index: Index, batch: Batch, validate: bool = True) -> None:
         """:meth:`ArrayStorage.write`, committing a hole first when stored rows are overwritten."""
-        if self._closed:
-            self._check_open()
-        if validate:
-            batch = self.spec.validate(batch)
-        index, n = normalize_index(index, self.capacity)
-        rows = len(next(iter(batch.values()))) if batch else 0
-        if rows != n:
-            raise ValueError(
-                f"index: selects {n} rows but the batch has {rows} rows; they must be equal"
-            )
+        batch, index = self._checked_write(index, batch, validate)
         span = self._before_write(index)
         super().write(index, batch, validate=False)
         if span is not None:

@@ -149,16 +149,8 @@ class ArrayStorage:
             raise RuntimeError(f"{type(self).__name__} is closed")
 
     # ------------------------------------------------------------------ write
-    def write(self, index: Index, batch: Batch, validate: bool = True) -> None:
-        """Write the rows of ``batch`` at ``index`` (a slice or an int64 array).
-
-        With ``validate=True`` the batch is checked against the spec (fields, shapes, safe
-        dtype casts) and the index against the row count before anything is written, so a
-        bad batch writes nothing. ``validate=False`` is for batches that already passed
-        ``spec.validate`` (only the row count is checked). Tensors on another device are
-        copied to the storage's device first. Duplicate indices: the last row wins (on
-        the CPU; on a GPU which one wins is unspecified).
-        """
+    def _checked_write(self, index: Index, batch: Batch, validate: bool) -> tuple[Batch, Index]:
+        """The checks every write makes before touching a row: open, spec, index, row count."""
         if self._closed:
             self._check_open()
         if validate:
@@ -169,6 +161,19 @@ class ArrayStorage:
             raise ValueError(
                 f"index: selects {n} rows but the batch has {rows} rows; they must be equal"
             )
+        return batch, index
+
+    def write(self, index: Index, batch: Batch, validate: bool = True) -> None:
+        """Write the rows of ``batch`` at ``index`` (a slice or an int64 array).
+
+        With ``validate=True`` the batch is checked against the spec (fields, shapes, safe
+        dtype casts) and the index against the row count before anything is written, so a
+        bad batch writes nothing. ``validate=False`` is for batches that already passed
+        ``spec.validate`` (only the row count is checked). Tensors on another device are
+        copied to the storage's device first. Duplicate indices: the last row wins (on
+        the CPU; on a GPU which one wins is unspecified).
+        """
+        batch, index = self._checked_write(index, batch, validate)
         if self._np_fields is None:
             self._write_torch(index, batch)
             return
