@@ -22,6 +22,7 @@ import numpy as np
 from rlstash.envs import protocol as P
 from rlstash.envs.backend import NO_REPORT, REPORT_NEXT, REPORT_NOW, Backend
 from rlstash.envs.errors import WaitTimeoutError, WorkerFailedError
+from rlstash.envs.info_columns import NEW, Schema, block_infos, read_schema
 from rlstash.envs.launch import Launcher, WorkerProcess
 from rlstash.envs.shm import Layout, SharedArrays, create_segment, resize_segment
 from rlstash.envs.worker import dumps
@@ -61,6 +62,7 @@ class _Slot:
         self.proc: WorkerProcess | None = None
         self.pending = 0  # replies still to read (after an interrupted wait)
         self.send_failed = False
+        self.info_schema: Schema | None = None  # of its last infos in shared memory
 
 
 def _earliest(a: float | None, b: float | None) -> float | None:
@@ -210,8 +212,10 @@ class ProcessBackend(Backend):
         """Read replies left over from an interrupted wait so the next reply is ours."""
         while slot.pending > 0 and not slot.send_failed:
             try:
-                P.recv(slot.proc.reply_fd, time.monotonic() + CLOSE_TIMEOUT)  # type: ignore[union-attr]
+                tag, payload = P.recv(slot.proc.reply_fd, time.monotonic() + CLOSE_TIMEOUT)  # type: ignore[union-attr]
                 slot.pending -= 1
+                if tag == P.OK and payload[:1] == NEW:  # the next SAME reply refers to it
+                    slot.info_schema = read_schema(payload, None)
             except (P.PeerGone, P.ReplyTimeout):
                 slot.send_failed = True  # handled as a death by the next _recv
 
@@ -281,7 +285,7 @@ class ProcessBackend(Backend):
         pool_deadline = None if self.step_timeout is None else now + self.step_timeout
         caller_deadline = None if timeout is None else now + timeout
         deadline = _earliest(pool_deadline, caller_deadline)
-        parts: list[tuple[int, dict]] = []  # (first env, batched infos of its block)
+        parts: list[tuple[int, Any]] = []  # (first env, batched infos or a column Schema)
         failed: list[tuple[_Slot, _Failure]] = []
         late: list[_Slot] = []
         for slot in slots:
@@ -296,6 +300,7 @@ class ProcessBackend(Backend):
             infos = self._absorb(slot, payload)
             if infos:
                 parts.append((slot.start, infos))
+        parts = self._column_infos(parts, len(slots) == len(self.slots))
         restarted: list[int] = []
         for slot, f in failed:
             restarted.extend(self._restart(slot, f, command, codes[slot.index]))
@@ -307,10 +312,31 @@ class ProcessBackend(Backend):
             )
         return parts, restarted
 
-    def _absorb(self, slot: _Slot, payload: bytes) -> dict | None:
-        """The batched infos of a RESET/STEP reply; pickled observations go to the stores."""
+    def _column_infos(self, parts: list[tuple[int, Any]], every: bool) -> list:
+        """Replace column schemas by batched infos read from the ``info`` array; when every
+        worker answered with one schema, one block of all envs (nothing left to merge)."""
+        info = self.shared["info"]
+        schemas = [p for _, p in parts if type(p) is tuple]
+        if not schemas:
+            return parts
+        if every and len(schemas) == len(self.slots) and schemas.count(schemas[0]) == len(schemas):
+            return [(0, block_infos(info, slice(0, self.num_envs), schemas[0]))]
+        rows = {slot.start: slice(slot.envs[0], slot.envs[-1] + 1) for slot in self.slots}
+        return [
+            (row, block_infos(info, rows[row], p) if type(p) is tuple else p) for row, p in parts
+        ]
+
+    def _absorb(self, slot: _Slot, payload: bytes) -> Any:
+        """The batched infos of a RESET/STEP reply, or the :class:`Schema` of infos left in
+        shared memory; pickled observations go to the stores."""
         if not self.layout.obs_pickled:  # type: ignore[union-attr]
-            return pickle.loads(payload) if payload else None
+            if not payload:
+                return None
+            schema = read_schema(payload, slot.info_schema)
+            if schema is None:
+                return pickle.loads(payload)
+            slot.info_schema = schema
+            return schema
         infos, observations, finals = pickle.loads(payload)
         rows = slice(slot.envs[0], slot.envs[-1] + 1)
         self.obs_objects[rows] = observations

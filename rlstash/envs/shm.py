@@ -26,6 +26,7 @@ import numpy as np
 from gymnasium import spaces
 
 ALIGN = 64
+INFO_COLUMNS = 16  # numbers per env of a step's info carried in shared memory (info_columns)
 SUPPORTED = "Box, Discrete, MultiDiscrete, MultiBinary, and Dict/Tuple of these"
 
 
@@ -102,7 +103,8 @@ class Layout:
         final_obs: bool,
         obs_pickled: bool = False,
     ) -> Layout:
-        """Lay out obs, (final_obs), act, reward [N] f64, terminated/truncated/final [N] bool.
+        """Lay out obs, (final_obs), act, info [N, INFO_COLUMNS] f64, reward [N] f64,
+        terminated/truncated/final [N] bool.
 
         ``nbytes = sum over fields of align64(N * prod(shape) * itemsize)``.
         """
@@ -116,6 +118,7 @@ class Layout:
             ]
         if not act_pickled:
             wanted += [(leaf_name("act", lf), lf.shape, lf.dtype) for lf in space_leaves(act_space)]
+        wanted += [("info", (INFO_COLUMNS,), np.dtype(np.float64))]  # see info_columns
         wanted += [("reward", (), np.dtype(np.float64))]
         wanted += [(name, (), np.dtype(np.bool_)) for name in ("terminated", "truncated", "final")]
         fields, offset = [], 0

@@ -4,6 +4,7 @@
 * :class:`CrashEnv` raises, segfaults or exits at a chosen step.
 * :class:`HangEnv` stops answering at a chosen step.
 * :class:`SpacesEnv` has Dict/Tuple observation and action spaces of every supported kind.
+* :class:`InfoEnv` returns infos of every kind in turn (how infos travel).
 * :class:`CountEnv` is deterministic: the observation is (seed, step) and episodes have a
   fixed length, so tests can check exactly what came back.
 
@@ -176,6 +177,35 @@ class SpacesEnv(gym.Env):
         self._t += 1
         reward = float(discrete) + float(np.sum(box))
         return self._obs(int(discrete)), reward, self._t >= self.episode_len, False, {}
+
+
+class InfoEnv(CountEnv):
+    """A :class:`CountEnv` whose step infos change shape over time, to test how infos
+    travel: phases of ``phase_len`` steps cycle through number infos of one schema (MuJoCo
+    style), other number types, a key missing in odd envs, a string, an int beyond 2**53, a
+    nested dict, and no info. ``index``: the env's position (odd ones differ sometimes)."""
+
+    def __init__(self, index: int = 0, phase_len: int = 3) -> None:
+        super().__init__(episode_len=7)
+        self.index, self.phase_len = index, phase_len
+        self._steps = 0
+
+    def step(self, action: Any):
+        obs, reward, term, trunc, _ = super().step(action)
+        self._steps += 1
+        t, odd = self._steps, self.index % 2 == 1
+        phase = (t // self.phase_len) % 8
+        info: dict[str, Any] = {
+            0: {"x": float(t), "v": np.float64(-t), "c": np.float32(t / 4)},
+            1: {"n": t, "ok": bool(t % 2), "h": np.float16(t), "k": np.int16(-t)},
+            2: {"x": float(t)} if odd else {"x": float(t), "y": 1.5},
+            3: {"x": float(t), "name": "a" * (t % 3)},
+            4: {"big": (1 << 60) + t if odd else t},
+            5: {"x": {"inner": float(t)}},
+            6: {},
+            7: {"x": np.int32(t)} if odd else {"x": float(t)},
+        }[phase]
+        return obs, reward, term, trunc, info
 
 
 for _name, _cls in (

@@ -7,7 +7,7 @@ server or the parent (``forkserver``/``fork``: :func:`serve`), with CUDA hidden 
 libraries limited to one thread by the environment the launcher sets.
 
 Protocol (see :mod:`rlstash.envs.protocol`): the pool sends INIT (factories), the worker
-answers with its envs' spaces; ATTACH (shared-memory layout and the pool's single spaces); ATTACH (shared-memory layout); then RESET / STEP / CALL / SETATTR /
+answers with its envs' spaces; ATTACH (shared-memory layout and the pool's single spaces); then RESET / STEP / CALL / SETATTR /
 INFO / CLOSE, each answered by exactly one OK or ERROR reply. Errors carry the traceback.
 The worker ignores SIGINT (its parent stops it) and exits when its parent is gone: end of
 file on the command pipe, or a watchdog thread that sees its parent process change.
@@ -25,6 +25,7 @@ import traceback
 from typing import Any
 
 from rlstash.envs import protocol as P
+from rlstash.envs.info_columns import InfoColumnWriter
 from rlstash.envs.infos import batch_infos
 from rlstash.envs.runner import EnvRunner
 from rlstash.envs.shm import Layout, SharedArrays
@@ -67,6 +68,7 @@ class _Worker:
         self.mode = "next_step"
         self.spaces: tuple = ()
         self.pickled_obs = False
+        self.info_columns: InfoColumnWriter | None = None
 
     def init(self, payload: bytes) -> bytes:
         sys_path, self.start, self.mode, blob, authkey = pickle.loads(payload)
@@ -104,6 +106,8 @@ class _Worker:
         self.spaces = tuple(spaces)
         self.shared = SharedArrays(layout, self.mem_fd)
         self.pickled_obs = layout.obs_pickled
+        rows = slice(self.start, self.start + len(self.envs))
+        self.info_columns = InfoColumnWriter(self.shared["info"][rows])
         self.runner = EnvRunner(self.envs, self.start, self.shared, *self.spaces, self.mode)
         return b""
 
@@ -125,6 +129,13 @@ class _Worker:
             return dumps(batched) if infos else b""
         finals = runner.final_objects if runner.mode == "same_step" else None
         return dumps((batched, runner.obs_objects, finals))
+
+    def step_infos(self, infos: list) -> bytes:
+        """A STEP reply's payload for non-empty ``infos``: in shared memory when they are
+        plain numbers with one schema (:mod:`~rlstash.envs.info_columns`), else pickled."""
+        assert self.info_columns is not None
+        encoded = self.info_columns.encode(infos)
+        return encoded if encoded is not None else dumps(batch_infos(infos, len(self.envs)))
 
     def call(self, payload: bytes) -> bytes:
         name, args, kwargs = pickle.loads(payload)
@@ -208,7 +219,7 @@ def serve(cmd_fd: int, reply_fd: int, mem_fd: int) -> int:
                 if worker.pickled_obs:
                     P.send(reply_fd, P.OK, worker.reply(infos))
                 elif infos:  # batched here, in parallel, not by the pool
-                    P.send(reply_fd, P.OK, dumps(batch_infos(infos, len(worker.envs))))
+                    P.send(reply_fd, P.OK, worker.step_infos(infos))
                 else:
                     os.write(reply_fd, ok_message)
                 continue
