@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from rlstash.envs.shm import INFO_COLUMNS as MAX_COLUMNS  # info keys carried per step
+
 SAME, NEW = b"=", b"#"  # reply payloads: values in shared memory, schema known / follows
 _EXACT_INT = 1 << 53  # integers float64 holds exactly
 _FLOATS = (float, bool, np.float64, np.float32, np.float16, np.bool_)
