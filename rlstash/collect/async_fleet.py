@@ -43,13 +43,9 @@ from rlstash.envs import protocol as P
 from rlstash.envs.backend import Backend
 from rlstash.envs.errors import WorkerFailedError
 from rlstash.envs.launch import Launcher, WorkerProcess
-from rlstash.envs.process_backend import (
-    CLOSE_TIMEOUT,
-    START_TIMEOUT,
-    death_text,
-    release_workers,
-)
+from rlstash.envs.process_backend import START_TIMEOUT
 from rlstash.envs.shm import SharedArrays, create_segment, resize_segment
+from rlstash.envs.shutdown import CLOSE_TIMEOUT, death_text, release_workers
 
 
 class Failure(Exception):

@@ -25,10 +25,10 @@ from rlstash.envs.errors import WaitTimeoutError, WorkerFailedError
 from rlstash.envs.info_columns import NEW, Schema, block_infos, read_schema
 from rlstash.envs.launch import Launcher, WorkerProcess
 from rlstash.envs.shm import Layout, SharedArrays, create_segment, resize_segment
+from rlstash.envs.shutdown import CLOSE_TIMEOUT, death_text, release_workers
 from rlstash.envs.worker import dumps
 
 START_TIMEOUT = 120.0  # seconds for a worker to build its envs
-CLOSE_TIMEOUT = 5.0  # seconds for workers to close their envs before SIGKILL
 
 
 class _Failure(Exception):
@@ -67,20 +67,6 @@ class _Slot:
 
 def _earliest(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
-
-
-def describe_exit(code: int | None) -> str:
-    """``-11`` -> ``"signal 11 (SIGSEGV)"``; ``1`` -> ``"exit code 1"``."""
-    if code is None:
-        return "an unknown status"
-    if code < 0:
-        import signal
-
-        try:
-            return f"signal {-code} ({signal.Signals(-code).name})"
-        except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
 
 
 class ProcessBackend(Backend):
@@ -441,56 +427,3 @@ class ProcessBackend(Backend):
         release_workers(
             self.owner, self._procs(), self.launcher, getattr(self, "shared", None), mem_fd
         )
-
-    @staticmethod
-    def _stop(procs: list[WorkerProcess]) -> None:
-        """CLOSE to all, wait for each to end (EOF), SIGKILL what is left, reap all."""
-        for p in procs:
-            if p.cmd_fd >= 0:
-                try:
-                    P.send(p.cmd_fd, P.CLOSE)
-                except (P.PeerGone, OSError):
-                    pass
-        deadline = time.monotonic() + CLOSE_TIMEOUT
-        for p in procs:
-            if p.reply_fd >= 0:
-                _wait_eof(p.reply_fd, deadline)
-            p.kill()  # ended already in the normal case; the kill is then a no-op
-            p.reap(CLOSE_TIMEOUT)
-
-
-def death_text(proc: WorkerProcess) -> str:
-    """Make sure ``proc`` is gone (SIGKILL, reap) and say how it ended."""
-    proc.kill()
-    code = proc.reap(CLOSE_TIMEOUT)
-    return f"worker process {proc.pid} ended with {describe_exit(code)}"
-
-
-def release_workers(
-    owner: int, procs: list[WorkerProcess], launcher: Launcher, shared: Any, mem_fd: int
-) -> None:
-    """Stop ``procs`` (CLOSE, wait, SIGKILL, reap) and the launcher's fork server, unless this
-    process is a forked copy of their ``owner`` (it must not stop them); then, always, close
-    their pipes, the ``shared`` arrays (if any) and the segment's ``mem_fd`` (if >= 0)."""
-    try:
-        if os.getpid() == owner:
-            try:
-                ProcessBackend._stop(procs)
-            finally:
-                launcher.close()
-    finally:
-        for p in procs:
-            p.close_pipes()
-        if shared is not None:
-            shared.close()
-        if mem_fd >= 0:
-            os.close(mem_fd)
-
-
-def _wait_eof(fd: int, deadline: float) -> None:
-    """Discard replies until the worker closes its end (it exited) or the deadline."""
-    while True:
-        try:
-            P.recv(fd, deadline)
-        except (P.PeerGone, P.ReplyTimeout, OSError):
-            return

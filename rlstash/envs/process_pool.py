@@ -50,7 +50,6 @@ How it works and what else it does:
 
 from __future__ import annotations
 
-import copy
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -59,22 +58,16 @@ import numpy as np
 from gymnasium import error as gym_error
 from gymnasium import logger
 from gymnasium.vector import VectorEnv
-from gymnasium.vector.utils import (
-    batch_space,
-    concatenate,
-    create_empty_array,
-    iterate,
-)
+from gymnasium.vector.utils import batch_space
 
 from rlstash.envs import auto, batching, config
-from rlstash.envs.actions import check_each, check_leaf, leaf_spaces
 from rlstash.envs.backend import Backend
 from rlstash.envs.errors import RestartEvent
 from rlstash.envs.infos import merge_infos
 from rlstash.envs.inprocess import InProcessBackend
 from rlstash.envs.launch import child_environ
+from rlstash.envs.pool_arrays import PoolArrays
 from rlstash.envs.process_backend import ProcessBackend
-from rlstash.envs.shm import assemble, copy_tree, flatten_value, leaf_paths
 
 
 class ProcessPoolVectorEnv(VectorEnv):
@@ -180,7 +173,9 @@ class ProcessPoolVectorEnv(VectorEnv):
         self.single_action_space = described["action_space"]
         self.observation_space = batching.batched_obs_space(obs_mode, described, n)
         self.action_space = batch_space(self.single_action_space, n)
-        self._bind_arrays()
+        self._arrays = PoolArrays(
+            backend, self.single_observation_space, self.single_action_space, n
+        )
         self._reset_once = False
         self._state = _IDLE  # or the pending call: "reset", "step", "call"
         self._pending_call: tuple[str, tuple, dict] | None = None  # call_async
@@ -190,40 +185,6 @@ class ProcessPoolVectorEnv(VectorEnv):
     def start_method(self) -> str | None:
         """The start method of the workers (``context``); None in-process."""
         return self.context
-
-    # --- construction helpers ---------------------------------------------------------
-    def _bind_arrays(self) -> None:
-        shared = self._backend.shared
-        self._shared = shared
-        obs_leaves = shared.leaves("obs")
-        self._obs_leaves = obs_leaves
-        pickled = shared.layout.obs_pickled
-        self._obs_flat = (
-            obs_leaves[0]
-            if not pickled and batching.is_flat(self.single_observation_space)
-            else None
-        )
-        self._final_leaves = shared.leaves("final_obs")
-        act_leaves = shared.leaves("act")
-        self._act_leaves = act_leaves
-        self._act_flat = (
-            act_leaves[0]
-            if not shared.layout.act_pickled and batching.is_flat(self.single_action_space)
-            else None
-        )
-        self._act_names = (
-            [] if shared.layout.act_pickled else leaf_paths(self.single_action_space, "actions")
-        )
-        self._act_spaces = leaf_spaces(self.single_action_space)
-        self._obs_out = (
-            create_empty_array(self.single_observation_space, self.num_envs, fn=np.zeros)
-            if shared.layout.obs_pickled
-            else None
-        )
-        self._rewards = shared["reward"]
-        self._terminated = shared["terminated"]
-        self._truncated = shared["truncated"]
-        self._final = shared["final"]
 
     # --- gymnasium VectorEnv API ------------------------------------------------------
     def reset(
@@ -267,7 +228,7 @@ class ProcessPoolVectorEnv(VectorEnv):
         mask = self._reset_mask
         self._needs_reset[slice(None) if mask is None else mask] = False
         infos = self._infos(entries, restarted, finals=False)
-        return self._read_obs(), infos
+        return self._arrays.read_obs(self.copy), infos
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         """Step every env: ``(obs, rewards [N] f64, terminations [N], truncations [N], infos)``."""
@@ -286,7 +247,7 @@ class ProcessPoolVectorEnv(VectorEnv):
                 f"envs {ended} ended and autoreset_mode='disabled': reset them first with "
                 "reset(options={'reset_mask': mask})"
             )
-        self._write_actions(actions)
+        self._arrays.write_actions(actions)
         self._backend.step_async()
         self._state = "step"
 
@@ -308,12 +269,14 @@ class ProcessPoolVectorEnv(VectorEnv):
             if entries or restarted or self._mode == "same_step"
             else {}
         )
-        term, trunc = self._terminated, self._truncated
+        arrays = self._arrays
+        term, trunc, rewards = arrays.terminated, arrays.truncated, arrays.rewards
         if self._mode == "disabled":
             self._needs_reset |= term | trunc
+        obs = arrays.read_obs(self.copy)
         if self.copy:
-            return self._read_obs(), self._rewards.copy(), term.copy(), trunc.copy(), infos
-        return self._read_obs(), self._rewards, term, trunc, infos
+            return obs, rewards.copy(), term.copy(), trunc.copy(), infos
+        return obs, rewards, term, trunc, infos
 
     def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
         """Like ``AsyncVectorEnv.call_async``: the call runs in :meth:`call_wait`."""
@@ -382,9 +345,7 @@ class ProcessPoolVectorEnv(VectorEnv):
             )
             self._state = _IDLE
         self._finalizer()
-        self._shared = self._obs_flat = self._act_flat = None  # type: ignore[assignment]
-        self._obs_leaves, self._final_leaves, self._act_leaves = [], [], []
-        self._rewards = self._terminated = self._truncated = self._final = None  # type: ignore[assignment]
+        self._arrays = None  # type: ignore[assignment]  # its views keep the mapping alive
 
     def __enter__(self) -> ProcessPoolVectorEnv:
         return self
@@ -456,76 +417,13 @@ class ProcessPoolVectorEnv(VectorEnv):
             return list(seed)
         raise ValueError(f"seed: expected None, an int or a list of {n} seeds, got {seed!r}")
 
-    def _write_actions(self, actions: Any) -> None:
-        """Check every leaf (shape, dtype kind) first, then copy; nothing is written on error."""
-        if self._shared.layout.act_pickled:
-            self._backend.actions = self._action_objects(actions)  # type: ignore[attr-defined]
-            return
-        if self._act_flat is not None:
-            arrays = [np.asarray(actions)]
-        else:
-            arrays = [np.asarray(a) for a in flatten_value(self.action_space, actions, "actions")]
-        for arr, view, name in zip(arrays, self._act_leaves, self._act_names):
-            if arr.shape != view.shape:
-                raise ValueError(
-                    f"{name}: expected shape {view.shape} ({view.dtype}, one row per env), "
-                    f"got {arr.shape}"
-                )
-            if arr.dtype != view.dtype and not batching.castable(arr.dtype, view.dtype):
-                raise TypeError(f"{name}: expected dtype {view.dtype}, got {arr.dtype}")
-        for arr, space, name in zip(arrays, self._act_spaces, self._act_names):
-            check_leaf(space, arr, name)
-        for arr, view in zip(arrays, self._act_leaves):
-            np.copyto(view, arr, casting="unsafe")
-
-    def _action_objects(self, actions: Any) -> list[Any]:
-        """One action per env for an action space without an array layout, each checked
-        with ``single_action_space.contains``."""
-        try:
-            items = list(iterate(self.action_space, actions))
-        except Exception as exc:
-            raise ValueError(
-                f"actions: expected an element of {self.action_space}, got {type(actions)}"
-            ) from exc
-        if len(items) != self.num_envs:
-            raise ValueError(
-                f"actions: expected {self.num_envs} actions (one per env), got {len(items)}"
-            )
-        check_each(self.single_action_space, items, "actions")
-        return items
-
-    def _read_obs(self) -> Any:
-        if self._shared.layout.obs_pickled:
-            objects = self._backend.obs_objects  # type: ignore[attr-defined]
-            value = concatenate(self.single_observation_space, objects, self._obs_out)
-            return copy.deepcopy(value) if self.copy else value
-        if self._obs_flat is not None:
-            return self._obs_flat.copy() if self.copy else self._obs_flat
-        value = assemble(self.single_observation_space, self._obs_leaves)
-        return copy_tree(value) if self.copy else value
-
     def _infos(self, parts: list, restarted: list[int], finals: bool) -> dict[str, Any]:
         """gymnasium-style infos (arrays + ``_key`` masks) from the backend's info parts;
-        ``same_step``: ``final_obs`` (object array) and the ``final_info`` mask of ended envs."""
+        ``same_step``: ``final_obs`` and the ``final_info`` mask of ended envs; restarted
+        envs in ``worker_restarted``."""
         infos = merge_infos(parts, self.num_envs)
         if finals:
-            ended = np.flatnonzero(self._final)
-            if ended.size:
-                final_obs = np.full(self.num_envs, None, dtype=object)
-                pickled = self._shared.layout.obs_pickled
-                for i in ended.tolist():
-                    final_obs[i] = (
-                        copy.deepcopy(self._backend.final_objects[i])  # type: ignore[attr-defined]
-                        if pickled
-                        else batching.element(
-                            assemble(self.single_observation_space, self._final_leaves, i)
-                        )
-                    )
-                mask = np.zeros(self.num_envs, dtype=bool)
-                mask[ended] = True
-                infos = {"final_obs": final_obs, "_final_obs": mask, **infos}
-                infos.setdefault("final_info", {})
-                infos["_final_info"] = infos.get("_final_info", np.zeros_like(mask)) | mask
+            infos = self._arrays.add_final_obs(infos)
         if restarted:
             flag = np.zeros(self.num_envs, dtype=bool)
             flag[restarted] = True

@@ -97,7 +97,7 @@ def test_first_reset_uses_pool_seed_then_reset_seed(pool):
 
 def test_actions_validated_before_anything_is_written(pool):
     pool.reset(seed=0)
-    act = pool._shared["act"]
+    act = pool._arrays.shared["act"]
     act[:] = 2
     with pytest.raises(
         ValueError, match=r"actions: expected shape \(6,\) \(int64, one row per env\), got \(5,\)"
