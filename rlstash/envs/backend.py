@@ -130,6 +130,16 @@ class Backend:
     def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
         raise NotImplementedError
 
+    def call_async(self, name: str, args: tuple, kwargs: dict) -> None:
+        """Start ``call``; the default runs nothing until :meth:`call_wait`."""
+        self._pending_call = (name, args, kwargs)
+
+    def call_wait(self, timeout: float | None) -> list[Any]:
+        """Results of :meth:`call_async`; the default runs the call now (``timeout``: an
+        in-process call cannot be interrupted, so it is not used)."""
+        name, args, kwargs = self._pending_call
+        return self.call(name, args, kwargs)
+
     def set_attr(self, name: str, values: list[Any]) -> None:
         raise NotImplementedError
 

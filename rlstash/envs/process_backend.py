@@ -102,6 +102,7 @@ class ProcessBackend(Backend):
         self.owner = os.getpid()
         self.closed = False
         self._resetting: tuple[list[_Slot], dict] = ([], {})
+        self._calling = ""  # the name of the call sent by call_async
 
     # --- start ------------------------------------------------------------------------
     def start(self, resolve: Callable[[list, list], tuple]) -> dict[str, Any]:
@@ -375,20 +376,36 @@ class ProcessBackend(Backend):
     def _command_all(self, tag: bytes, payloads: list[bytes], what: str) -> list[Any]:
         for slot, payload in zip(self.slots, payloads):
             self._send(slot, tag, payload)
-        results, errors, raised = [], [], []
-        deadline = self._deadline(None)
+        return self._collect(what, None)
+
+    def _collect(self, what: str, timeout: float | None) -> list[Any]:
+        """One reply per worker (a command was sent to each). An env's exception is raised
+        (with its type when it unpickles); a dead or hung worker is restarted and reported;
+        workers silent past the caller's ``timeout`` raise :class:`WaitTimeoutError` after
+        the others were read (they keep running; their late replies are discarded)."""
+        results, errors, raised, late = [], [], [], []
+        pool_deadline = self._deadline(None)
+        caller_deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _earliest(pool_deadline, caller_deadline)
         for slot in self.slots:
             try:
                 reply = self._recv(slot, deadline)
                 results.append(pickle.loads(reply) if reply else None)
             except _Failure as f:
-                if f.reason == "exception":
+                if f.reason == "timeout" and deadline == caller_deadline:
+                    late.extend(slot.envs)
+                elif f.reason == "exception":
                     errors.append(f"env worker {slot.index}: {f.error}")
                     raised += [f.exc] if f.exc is not None else []
                 else:
                     self._restart(slot, f, what, [REPORT_NEXT] * len(slot.envs))
                     errors.append(f"env worker {slot.index} {f.reason} during {what}: {f.error}")
                 results.append(None)
+        if late:
+            raise WaitTimeoutError(
+                f"The call to `call_wait` has timed out after {timeout} second(s) (envs "
+                f"{late} did not answer `{what}`; their workers keep running)."
+            )
         if errors:
             summary = RuntimeError(f"{what} failed:\n" + "\n".join(errors))
             if raised:  # as AsyncVectorEnv: the env's own exception, with its type
@@ -398,8 +415,19 @@ class ProcessBackend(Backend):
 
     def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
         """``env.<name>(*args, **kwargs)`` (or the attribute) for every env, in env order."""
+        self.call_async(name, args, kwargs)
+        return self.call_wait(None)
+
+    def call_async(self, name: str, args: tuple, kwargs: dict) -> None:
+        """Send the call to every worker; :meth:`call_wait` reads the results."""
         payload = cloudpickle.dumps((name, args, kwargs))
-        per_worker = self._command_all(P.CALL, [payload] * len(self.slots), name)
+        for slot in self.slots:
+            self._send(slot, P.CALL, payload)
+        self._calling = name
+
+    def call_wait(self, timeout: float | None) -> list[Any]:
+        """The results of :meth:`call_async`, in env order (``timeout``: see :meth:`_collect`)."""
+        per_worker = self._collect(self._calling, timeout)
         return [x for chunk in per_worker for x in chunk]
 
     def set_attr(self, name: str, values: list[Any]) -> None:

@@ -8,8 +8,8 @@
 
 It is a drop-in for ``gymnasium.vector.AsyncVectorEnv``: the same constructor arguments
 (``shared_memory``, ``copy``, ``context``, ``daemon``, ``observation_mode``,
-``autoreset_mode``, ``max_concurrency``), the same ``reset``/``step``/``*_async``/``*_wait``
-(a caller's ``timeout`` raises ``TimeoutError``), ``call``/``get_attr``/``set_attr``/
+``autoreset_mode``, ``max_concurrency``), the same ``reset``/``step``/``call`` and their
+``*_async``/``*_wait`` (a caller's ``timeout`` raises ``TimeoutError``), ``call``/``get_attr``/``set_attr``/
 ``render``, ``np_random_seed`` (env i after ``reset(seed=s)``: ``s + i``), gymnasium's error
 classes and messages for out-of-order calls, every space (Text, Graph, Sequence, OneOf and
 custom spaces are pickled), ``metadata["autoreset_mode"]``. gymnasium's own vector-env test
@@ -27,7 +27,9 @@ How it works and what else it does:
 
 * W workers each step ``num_envs / W`` envs; observations, rewards, flags, final observations
   and actions live in one shared-memory segment; a step costs one 5-byte message per worker
-  each way. Infos travel only when an env returns a non-empty info dict.
+  each way. Infos travel only when an env returns a non-empty info dict; infos of plain
+  numbers with the same keys in every env go through shared memory too
+  (:mod:`rlstash.envs.info_columns`), others are pickled.
 * Workers never import torch, run with ``CUDA_VISIBLE_DEVICES=""`` and one math-library
   thread (``worker_env`` overrides), ignore Ctrl-C and exit when the pool's process is gone.
 * A worker that dies, raises in an env, or does not answer within ``step_timeout`` is
@@ -178,7 +180,6 @@ class ProcessPoolVectorEnv(VectorEnv):
         )
         self._reset_once = False
         self._state = _IDLE  # or the pending call: "reset", "step", "call"
-        self._pending_call: tuple[str, tuple, dict] | None = None  # call_async
         self._needs_reset = np.zeros(n, dtype=bool)  # disabled mode: ended, not reset yet
 
     @property
@@ -279,29 +280,36 @@ class ProcessPoolVectorEnv(VectorEnv):
         return obs, rewards, term, trunc, infos
 
     def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
-        """Like ``AsyncVectorEnv.call_async``: the call runs in :meth:`call_wait`."""
+        """Like ``AsyncVectorEnv.call_async``: send the call; :meth:`call_wait` collects it."""
         self._check_open()
         self._expect_idle("call_async", end=".")
-        self._pending_call, self._state = (name, args, kwargs), "call"
+        self._check_call_name(name)
+        self._backend.call_async(name, args, kwargs)
+        self._state = "call"
 
     def call_wait(self, timeout: float | None = None) -> tuple[Any, ...]:
-        """Finish :meth:`call_async` (``timeout``: ``step_timeout``'s job here)."""
+        """Finish :meth:`call_async`. ``timeout``: seconds to wait before
+        :class:`~rlstash.envs.errors.WaitTimeoutError` (a ``TimeoutError``; the workers keep
+        running, their late answers are discarded; in-process the call runs here in full)."""
         self._check_open()
-        if self._state != "call" or self._pending_call is None:
+        if self._state != "call":
             raise gym_error.NoAsyncCallError(
                 "Calling `call_wait` without any prior call to `call_async`.", "call"
             )
-        (name, args, kwargs), self._pending_call = self._pending_call, None
         self._state = _IDLE
-        return self.call(name, *args, **kwargs)
+        return tuple(self._backend.call_wait(timeout))
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """``env.get_wrapper_attr(name)(*args, **kwargs)`` (or the attribute) per env."""
         self._check_open()
         self._expect_idle("call", end=".")
+        self._check_call_name(name)
+        return tuple(self._backend.call(name, args, kwargs))
+
+    @staticmethod
+    def _check_call_name(name: str) -> None:
         if name in ("reset", "step", "close"):
             raise ValueError(f"name: call({name!r}) is not allowed, use pool.{name}() instead")
-        return tuple(self._backend.call(name, args, kwargs))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """The attribute ``name`` of every env."""

@@ -54,6 +54,11 @@ class SpaceEnv(gym.Env):
         time.sleep(self.sleep_step)
         return self.observation_space.sample(), float(self.t), self.t >= self.length, False, {}
 
+    def slow_value(self, seconds):
+        """``seconds`` after sleeping that long (for ``call`` timeouts)."""
+        time.sleep(seconds)
+        return seconds
+
 
 def envs_of(n=3, **kwargs):
     return [lambda: SpaceEnv(**kwargs)] * n
@@ -99,6 +104,20 @@ def test_caller_timeouts_raise_timeout_error_and_restart_nothing():
         _, rewards, *_ = pool.step(np.array([1, 1]))
         assert rewards.tolist() == [2.0, 2.0]  # the timed-out step still happened
     assert issubclass(WaitTimeoutError, TimeoutError)
+
+
+def test_call_wait_timeout_raises_timeout_error_and_restarts_nothing():
+    with ProcessPoolVectorEnv(envs_of(2), num_workers=2) as pool:
+        pool.reset(seed=0)
+        pool.call_async("slow_value", 0.5)
+        with pytest.raises(
+            multiprocessing.TimeoutError, match=r"`call_wait` has timed out after 0.05 second"
+        ):
+            pool.call_wait(timeout=0.05)
+        assert pool.call("slow_value", 0.0) == (0.0, 0.0)  # the late answers are discarded
+        pool.call_async("slow_value", 0.01)
+        assert pool.call_wait(timeout=30) == (0.01, 0.01)
+        assert pool.restarts == []
 
 
 @pytest.mark.parametrize("workers", [0, 2])
