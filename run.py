@@ -38,14 +38,36 @@ def _pip(*args: str) -> None:
     subprocess.check_call([str(_python()), "-m", "pip", "install", "-q", *args])
 
 
+def _locked(path: Path):
+    """An exclusive lock on ``path`` held until the returned file is closed (POSIX ``flock``;
+    elsewhere no lock): two ``run.py`` started at once on a fresh checkout must not both
+    create ``.venv`` and install into it."""
+    handle = open(path, "a")  # noqa: SIM115 - closed by the caller's ``with``
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        return handle
+    fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+    return handle
+
+
 def ensure_venv() -> Path:
+    """Create ``.venv`` and install the package into it (once per pyproject.toml), under a
+    lock so that concurrent runs wait for one install instead of racing it."""
     if sys.version_info < (3, 10):  # noqa: UP036 - run.py runs under any python3
         sys.exit(f"rlstash needs Python >= 3.10, this is {sys.version.split()[0]}")
     py = _python()
+    stamp_file = VENV / ".rlstash-stamp"
+    if py.exists() and stamp_file.exists() and stamp_file.read_text() == _stamp():
+        return py  # the common case: ready, no lock needed
+    with _locked(ROOT / ".venv.lock"):
+        return _install(py, stamp_file)
+
+
+def _install(py: Path, stamp_file: Path) -> Path:
     if not py.exists():
         print(f"[run.py] creating {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    stamp_file = VENV / ".rlstash-stamp"
     if stamp_file.exists() and stamp_file.read_text() == _stamp():
         return py
     has_torch = subprocess.call([str(py), "-c", "import torch"], stderr=subprocess.DEVNULL) == 0
