@@ -179,8 +179,10 @@ class Lanes:
     def drop_restarted(self, sel: np.ndarray, back: int) -> None:
         """The step stored ``back`` slots ago in lanes ``sel`` never happened (its worker was
         restarted): its obs becomes the episode's final obs and the step before it turns
-        truncated. Slots written after it (a same-step final obs) are no starts anyway."""
+        truncated. Slots written after it (a same-step final obs) are no starts anyway. The
+        lane's next slot starts a new episode (a pending next-step lane gets there by itself)."""
         self._drop_last(sel, back)
+        self.next_ep[sel[~self.pending[sel]]] = 0  # frame stacks never reach into the old one
         self.refresh(sel)
 
     def _drop_last(self, sel: np.ndarray, back: int) -> None:
