@@ -2,19 +2,25 @@
 """One entry point for a fresh machine: creates and reuses ``.venv``, then runs a job.
 
     python3 run.py train [rlstash train args...]   # the main job
-    python3 run.py test  [pytest args...]          # the test suite
+    python3 run.py test  [pytest args...]          # the test suite (+ the Ray tests, see below)
     python3 run.py <any rlstash subcommand> ...    # e.g. plan, doctor, eval, bench
 
 Only the Python standard library is used here. Torch is installed first, pinned to the
 CPU build (2.13.0) when no torch is present, so pip never pulls a multi-GB CUDA build
 to satisfy ``torch>=2.4``. Then the package is installed editable with its ``dev`` extra.
 The install is redone only when pyproject.toml changes (a stamp file records its hash).
+
+``test`` without a test selection (no path, ``-m`` or ``-k``) then runs the ``ray`` tests a
+second time for real: it installs the ``ray`` extra and runs ``pytest -m ray`` inside a network
+namespace that has nothing but loopback (``unshare -n``, root only), so Ray never touches a
+network. Where that is impossible it prints why and the Ray tests stay skipped.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -80,6 +86,60 @@ def _install(py: Path, stamp_file: Path) -> Path:
     return py
 
 
+def _ray_phase_blocker() -> str | None:
+    """Why the Ray tests cannot run in a loopback-only network namespace here (None: they can)."""
+    if not sys.platform.startswith("linux"):
+        return "they need a Linux network namespace"
+    if os.geteuid() != 0:
+        return "they run under unshare -n (a loopback-only network namespace), which needs root"
+    missing = [tool for tool in ("unshare", "ip") if shutil.which(tool) is None]
+    if missing:
+        return f"{' and '.join(missing)} not found (util-linux, iproute2)"
+    if subprocess.call(["unshare", "-n", "true"], stderr=subprocess.DEVNULL) != 0:
+        return "unshare -n is not permitted here (a container without CAP_SYS_ADMIN?)"
+    return None
+
+
+def _ensure_ray(py: Path) -> str | None:
+    """Install the ``ray`` extra once per pyproject.toml (None: installed, else why not)."""
+    stamp_file = VENV / ".rlstash-ray-stamp"
+    if stamp_file.exists() and stamp_file.read_text() == _stamp():
+        return None
+    print("[run.py] installing the ray extra for the Ray tests", flush=True)
+    try:
+        _pip("-e", f"{ROOT}[dev,plots,ray]")
+    except subprocess.CalledProcessError as exc:
+        return f"pip could not install the ray extra (exit {exc.returncode})"
+    stamp_file.write_text(_stamp())
+    return None
+
+
+def _selects_tests(args: list[str]) -> bool:
+    """Whether pytest ``args`` pick tests (a path, ``-m``, ``-k``) rather than only options."""
+    return any(a in ("-m", "-k") or os.path.exists(_from_caller(a).split("::")[0]) for a in args)
+
+
+def run_tests(py: Path, rest: list[str]) -> int:
+    """The suite as asked; then, for a whole-suite run, the Ray tests in a loopback-only
+    network namespace (or a line saying why not)."""
+    args = [str(py), "-m", "pytest", "-q", *(_from_caller(a) for a in rest)]
+    os.chdir(ROOT)  # the suite's configuration lives there
+    if _selects_tests(rest):
+        sys.stdout.flush()
+        os.execv(args[0], args)  # as any job: signals reach pytest itself
+    code = subprocess.call(args)
+    why = _ray_phase_blocker() or _ensure_ray(py)
+    if why is not None:
+        print(f"[run.py] Ray tests skipped: {why}", flush=True)
+        return code
+    print("[run.py] Ray tests, in a network namespace with nothing but loopback", flush=True)
+    inner = [str(py), "-m", "pytest", "-q", "-m", "ray", "tests/collect", *rest]
+    ray_code = subprocess.call(
+        ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *inner]
+    )
+    return code or ray_code
+
+
 def _from_caller(arg: str) -> str:
     """A pytest path argument (``file`` or ``file::test``) relative to the caller's directory,
     made absolute (the suite runs in the repository root); anything else unchanged."""
@@ -98,6 +158,11 @@ def main(argv: list[str]) -> int:
         return 0
     py = ensure_venv()
     cmd, rest = argv[0], argv[1:]
+    if cmd == "test" and os.name != "nt":
+        try:
+            return run_tests(py, rest)
+        except KeyboardInterrupt:
+            return 130
     if cmd == "test":
         args = [str(py), "-m", "pytest", "-q", *(_from_caller(a) for a in rest)]
         os.chdir(ROOT)  # the suite's configuration lives there

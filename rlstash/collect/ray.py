@@ -135,6 +135,7 @@ class RayCollector:
         max_restarts: int = 3,
         rate_limiter: Any = None,
         address: str | None = None,
+        actor_options: dict[str, Any] | None = None,
     ) -> None:
         """Start the actors (returns once Ray accepted them; the first batch waits for them).
 
@@ -156,6 +157,9 @@ class RayCollector:
                 ``wait_insert(frames_per_batch)`` (the caller reports ``on_insert``).
             address: None (use the Ray this process initialized, else start a private one),
                 ``"local"`` (a private single-node Ray) or a cluster address ``"host:port"``.
+            actor_options: more options of every actor (``ray.remote(...).options``), e.g.
+                ``{"resources": {...}}`` or a ``scheduling_strategy`` (default ``"SPREAD"``);
+                ``max_restarts``, ``max_task_retries`` and CUDA hiding are the collector's.
         """
         if isinstance(policy_factory, torch.nn.Module) or not callable(policy_factory):
             raise TypeError(
@@ -177,15 +181,15 @@ class RayCollector:
         self._rng = np.random.default_rng(self._seed)
         self._version, self._weights_box = 0, []
         cpus = max(1, workers)
+        options = {"num_cpus": cpus, "scheduling_strategy": "SPREAD", **_options(actor_options)}
         self._session = RaySession(address, num_cpus=K * cpus)
         self._actors: list[_Actor] = []
         self._finalizer = weakref.finalize(self, _shutdown, self._actors, self._session)
         ray = import_ray()
         remote = ray.remote(ChunkActor).options(
-            num_cpus=cpus,
+            **options,
             max_restarts=self.max_restarts,
             max_task_retries=0,  # a chunk in flight when the actor dies is dropped, never redone
-            scheduling_strategy="SPREAD",
             runtime_env={"env_vars": {"CUDA_VISIBLE_DEVICES": ""}},
         )
         for a in range(K):
@@ -312,7 +316,9 @@ class RayCollector:
         with it carry. The previous version's object is released."""
         self._check_open()
         if not isinstance(state_dict, dict):
-            raise TypeError(f"state_dict: expected a dict of tensors, got {type(state_dict).__name__}")
+            raise TypeError(
+                f"state_dict: expected a dict of tensors, got {type(state_dict).__name__}"
+            )
         ray = import_ray()
         self._weights_box = [ray.put(_to_cpu(state_dict))]
         self._version += 1
@@ -382,6 +388,20 @@ def _with_bridge(bridge: np.ndarray, data: dict, T: int) -> dict[str, np.ndarray
         restarted[1:] |= data["restarted"]
     out["restarted"] = restarted
     return out
+
+
+def _options(given: Any) -> dict[str, Any]:
+    if given is None:
+        return {}
+    if not isinstance(given, dict):
+        raise TypeError(f"actor_options: expected a dict of Ray actor options, got {given!r}")
+    ours = sorted(set(given) & {"max_restarts", "max_task_retries", "runtime_env"})
+    if ours:
+        raise ValueError(
+            f"actor_options: {', '.join(ours)} are set by the collector (max_restarts is its "
+            "own argument; CUDA is hidden through runtime_env); drop them"
+        )
+    return dict(given)
 
 
 def _to_cpu(state: Any) -> Any:

@@ -30,8 +30,6 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 
 class ActorNotStarted(RuntimeError):
     """A request without a seed reached an actor without envs (its process was restarted)."""
@@ -141,4 +139,3 @@ def where() -> dict[str, Any]:
         "node_ip": ray.util.get_node_ip_address(),
         "node_id": ray.get_runtime_context().get_node_id(),
     }
-

@@ -28,7 +28,9 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ImportError(f"RayCollector needs Ray, which is not installed: {INSTALL_HINT}") from None
+        raise ImportError(
+            f"RayCollector needs Ray, which is not installed: {INSTALL_HINT}"
+        ) from None
     return ray
 
 

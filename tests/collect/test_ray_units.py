@@ -1,4 +1,5 @@
-"""The RayCollector's cut of a failed actor's episodes, checked against StreamStorage alone.
+"""RayCollector parts that need no Ray: argument checks, and the cut of a failed actor's
+episodes checked against StreamStorage alone.
 
 No Ray here: the chunks are written by hand. After a failure the actor's next chunk starts
 with a bridge row (the last observation the driver received, ``restarted``) and then the
@@ -96,3 +97,20 @@ def test_frames_per_batch_needs_two_steps_per_env_and_a_multiple(frames, n):
     assert _steps(8, 4) == 2
     with pytest.raises(TypeError, match="frames_per_batch"):
         _steps(8.0, 4)
+
+
+def _policy():
+    return torch.nn.Linear(4, 2)
+
+
+def test_bad_arguments_are_refused_before_ray_starts():
+    from rlstash.collect.ray import RayCollector
+
+    with pytest.raises(TypeError, match="policy_factory"):
+        RayCollector("CartPole-v1", torch.nn.Linear(4, 2), 1, 1, 4)
+    with pytest.raises(ValueError, match="num_actors"):
+        RayCollector("CartPole-v1", _policy, 0, 1, 4)
+    with pytest.raises(ValueError, match="frames_per_batch"):
+        RayCollector("CartPole-v1", _policy, 2, 2, 6)
+    with pytest.raises(ValueError, match="actor_options: max_restarts"):
+        RayCollector("CartPole-v1", _policy, 1, 1, 4, actor_options={"max_restarts": 5})
