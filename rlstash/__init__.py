@@ -5,7 +5,7 @@ never pull in torch)::
 
     from rlstash import Spec, Field, ReplayBuffer, TensorStorage, MemmapStorage, StreamStorage
     from rlstash import UniformSampler, PrioritizedSampler, SequenceSampler, plan
-    from rlstash import ProcessPoolVectorEnv, Collector, DQN, SAC, DiscreteSAC, PPO, TD3, RateLimiter
+    from rlstash import ProcessPoolVectorEnv, Collector, RayCollector, DQN, SAC, DiscreteSAC, PPO, TD3, RateLimiter
     from rlstash import RolloutStorage
 """
 
@@ -44,6 +44,8 @@ _EXPORTS: dict[str, str] = {
     "EnvPool": "rlstash.envs",  # the old name of ProcessPoolVectorEnv: warns once
     "Collector": "rlstash.collect.sync",
     "AsyncCollector": "rlstash.collect.async_",
+    "RayCollector": "rlstash.collect.ray",  # Ray itself is imported only when one is built
+    "RayActorFailedError": "rlstash.collect.ray",
     # agents
     "DQN": "rlstash.agents.dqn",
     "DQNConfig": "rlstash.agents.dqn",
@@ -86,6 +88,8 @@ __all__ = [
     "PPOConfig",
     "PrioritizedSampler",
     "RateLimiter",
+    "RayActorFailedError",
+    "RayCollector",
     "ReplayBuffer",
     "RingWriter",
     "RolloutStorage",
@@ -124,6 +128,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.agents.base import read_metrics
+    from rlstash.collect.ray import RayActorFailedError, RayCollector
     from rlstash.collect.sync import Collector
     from rlstash.device import Delivery
     from rlstash.diag.memory import InsufficientMemoryError, MemoryPlan, plan

@@ -14,12 +14,16 @@ A private instance keeps every file it writes (sockets, logs, spilled objects) u
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import tempfile
 from typing import Any
 
+import psutil
+
 LOCAL_OBJECT_STORE_BYTES = 512 * 1024**2  # object store of a private local instance
+STOP_TIMEOUT = 5.0  # seconds Ray's processes get to exit before they are killed
 INSTALL_HINT = "pip install 'rlstash[ray]' (or pip install 'ray>=2.10')"
 
 
@@ -70,12 +74,35 @@ class RaySession:
         self.owned = True
 
     def close(self) -> None:
-        """Shut Ray down if this session started or connected it; remove its temporary files."""
+        """Shut Ray down if this session started or connected it. A private instance: every
+        process it started (raylet, GCS, workers: an actor killed a moment before may still
+        be finishing a task) is waited for and, after ``STOP_TIMEOUT`` s, killed; then its
+        temporary directory is removed."""
+        procs = self._private_processes()
         if self.owned:
             self.owned = False
             import ray
 
             ray.shutdown()
+        _, alive = psutil.wait_procs(procs, timeout=STOP_TIMEOUT)
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(alive, timeout=STOP_TIMEOUT)
         if self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
             self.temp_dir = None
+
+    def _private_processes(self) -> list[psutil.Process]:
+        """The processes of the private instance: this process's children that name its
+        temporary directory (raylet, GCS, agents) and all their descendants (workers)."""
+        if self.temp_dir is None or not self.owned:
+            return []
+        found: dict[int, psutil.Process] = {}
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if self.temp_dir in " ".join(child.cmdline()):
+                    found[child.pid] = child
+                    for p in child.children(recursive=True):
+                        found[p.pid] = p
+        return list(found.values())

@@ -29,7 +29,7 @@ from rlstash.collect.sync import Collector
 from rlstash.ratelimit import RateLimiter
 from rlstash.replay import ReplayBuffer
 from rlstash.spec import Field, Spec
-from rlstash.train import algos, checkpoint
+from rlstash.train import algos, checkpoint, ray_run
 from rlstash.train.config import STORAGES, TrainConfig
 
 DEFAULT_THRESHOLDS = {"Pendulum-v1": -200.0, "rlstash/Pendulum-v1": -200.0}
@@ -56,7 +56,7 @@ class Run:
     rb: ReplayBuffer
     agent: Any
     limiter: RateLimiter
-    collector: Collector
+    collector: Any  # a Collector, or with --ray a RayCollector (then also ``env``)
     eval_collector: Collector
     step: int = 0
     train_seconds: float = 0.0
@@ -90,6 +90,8 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
     (a rollout storage, no replay buffer or rate limiter)."""
     from rlstash.train import onpolicy
 
+    if cfg.ray:
+        ray_run.check(cfg)
     if cfg.algo in onpolicy.ALGOS:
         return onpolicy.build_onpolicy_run(cfg, run_dir, state)
     torch.set_num_threads(cfg.torch_threads)
@@ -107,8 +109,10 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
                 top = top.parent
             undo.callback(shutil.rmtree, top, ignore_errors=True)
             run_dir.mkdir(parents=True)
-        env = make_vec_env(cfg.env, cfg.envs, cfg.workers, None, cfg.history, device)
-        undo.callback(env.close)
+        env = None
+        if not cfg.ray:  # else the collector's Ray actors hold the envs
+            env = make_vec_env(cfg.env, cfg.envs, cfg.workers, None, cfg.history, device)
+            undo.callback(env.close)
         if state is None:
             spec = step_spec(info.obs_space, info.act_space)
             rb = make_buffer(cfg, spec, run_dir, agent_cfg.gamma, device)
@@ -117,9 +121,17 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
         undo.callback(rb.close)
         agent = make_agent(cfg, agent_cfg, info, device)
         limiter = make_limiter(cfg)
-        collector = Collector(
-            env, agent.act, collect_frames(cfg), device=agent.act_device, seed=cfg.seed + step
-        )
+        if cfg.ray:
+            frames = collect_frames(cfg)
+            collector = ray_run.make_collector(
+                cfg, agent_cfg, info, limiter, frames, cfg.seed + step
+            )
+            env = collector  # closing the run closes it
+            undo.callback(collector.close)
+        else:
+            collector = Collector(
+                env, agent.act, collect_frames(cfg), device=agent.act_device, seed=cfg.seed + step
+            )
         n_eval = min(cfg.eval_episodes, 10)
         eval_env = make_eval_env(cfg.env, n_eval, cfg.history)
         undo.callback(eval_env.close)
@@ -272,7 +284,7 @@ def make_limiter(cfg: TrainConfig) -> RateLimiter:
     ``n_steps + 1`` steps (before that no n-step transition is complete: with many envs
     ``learning_starts`` frames can be fewer)."""
     return RateLimiter(
-        min_size=max(cfg.learning_starts, cfg.batch_size, cfg.envs * (cfg.n_steps + 1)),
+        min_size=max(cfg.learning_starts, cfg.batch_size, cfg.lanes * (cfg.n_steps + 1)),
         samples_per_insert=cfg.gradient_steps * cfg.batch_size / cfg.train_freq,
         batch_size=cfg.batch_size,
         insert_chunk=collect_frames(cfg),
@@ -280,9 +292,9 @@ def make_limiter(cfg: TrainConfig) -> RateLimiter:
 
 
 def collect_frames(cfg: TrainConfig) -> int:
-    """Env steps per collection: ``train_freq`` rounded down to a multiple of ``envs`` (>= 1
-    step of every env)."""
-    return max(1, cfg.train_freq // cfg.envs) * cfg.envs
+    """Env steps per collection: ``train_freq`` rounded down to a multiple of the envs (>= 1
+    step of every env; >= 2 on Ray, whose chunks may start with a bridge row)."""
+    return max(2 if cfg.ray else 1, cfg.train_freq // cfg.lanes) * cfg.lanes
 
 
 def step_spec(obs_space: Any, act_space: Any) -> Spec:
@@ -308,7 +320,7 @@ def make_buffer(
 
     if cfg.storage not in STORAGES:
         raise ValueError(f"storage: expected one of {STORAGES}, got {cfg.storage!r}")
-    num_envs, buffer_device = cfg.envs, resolve_device(cfg.buffer_device, "buffer_device")
+    num_envs, buffer_device = cfg.lanes, resolve_device(cfg.buffer_device, "buffer_device")
     capacity = max(num_envs, cfg.buffer_size // num_envs * num_envs)
     reads = ReadSpec(n_step=cfg.n_steps, gamma=gamma, frame_stack=cfg.history or 1)
     if cfg.storage == "ram":

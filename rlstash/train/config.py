@@ -47,6 +47,17 @@ class TrainConfig:
         "K > 0: the agent sees windows of the last K observations through an LSTM (0 = off).",
         group="collection",
     )
+    ray: str = s(
+        "",
+        "Collect on Ray: 'local' (a private Ray on this machine) or a cluster address host:port "
+        "('' = no Ray); needs pip install 'rlstash[ray]'.",
+        group="collection",
+    )
+    ray_actors: int = s(
+        2,
+        "Ray actors with --ray; each steps --envs envs with --workers processes.",
+        group="collection",
+    )
     # replay and learning schedule (None: the algorithm's default, then the env's preset)
     storage: str = s(
         "ram", "Replay storage: ram | disk | tiered (hot on --buffer-device).", group="replay"
@@ -86,7 +97,7 @@ class TrainConfig:
         check_types(self)
         for name in ("steps", "envs", "eval_every", "eval_episodes", "checkpoint_every"):
             _at_least(self, name, 1)
-        for name in ("patience", "torch_threads"):
+        for name in ("patience", "torch_threads", "ray_actors"):
             _at_least(self, name, 1)
         for name in ("buffer_size", "n_steps", "batch_size", "train_freq", "gradient_steps"):
             if getattr(self, name) is not None:
@@ -113,6 +124,12 @@ class TrainConfig:
         from rlstash.train.algos import ALGOS
 
         _one_of(self, "algo", tuple(ALGOS))
+
+    @property
+    def lanes(self) -> int:
+        """Envs collected from in all: ``envs``, times ``ray_actors`` with ``ray`` (the replay
+        buffer keeps one lane per env)."""
+        return self.envs * self.ray_actors if self.ray else self.envs
 
     @property
     def run_name(self) -> str:

@@ -26,7 +26,7 @@ import numpy as np
 
 from rlstash.agents.base import read_metrics
 from rlstash.diag import telemetry
-from rlstash.train import builders, checkpoint
+from rlstash.train import builders, checkpoint, ray_run
 from rlstash.train.builders import Run, build_run
 from rlstash.train.config import TrainConfig
 from rlstash.train.runlog import RunLog, plot_learning_curve
@@ -64,6 +64,8 @@ def train(cfg: TrainConfig | None = None, resume: str | Path | None = None) -> T
     else:
         cfg = cfg or TrainConfig()
         run_dir = Path(cfg.run_dir) / cfg.run_name
+        if checkpoint.latest(run_dir) is not None and cfg.ray:  # a restarted cluster job
+            return train(resume=ray_run.resume_dir(cfg, run_dir))
         if checkpoint.latest(run_dir) is not None:
             raise ValueError(
                 f"run_dir: {run_dir} already holds a run; continue it with --resume {run_dir} or pick another --name"
@@ -99,9 +101,12 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
             rb.extend(batch)
             limiter.on_insert(run.frames_per_collect)
             run.step += run.frames_per_collect
+            updates = agent.updates
             while limiter.can_sample():
                 metrics = agent.update(rb.sample(cfg.batch_size))
                 limiter.on_sample()
+            if cfg.ray and agent.updates != updates:
+                ray_run.publish(run)  # the new policy to the actors (one ray.put)
             run.train_seconds += time.perf_counter() - t0
             if time.monotonic() - last_log > 1.0:
                 last_log = time.monotonic()

@@ -1,0 +1,408 @@
+#!/usr/bin/env python3
+"""Ray collection benchmark: RayCollector against the local process pool, and what Ray costs.
+
+    unshare -n sh -c 'ip link set lo up && exec .venv-bench/bin/python bench/ray_collect.py'
+        [--quick] [--reps N] [--out bench/results/ray_collect.md] [--soak-s S]
+
+Needs ``ray`` (``pip install -e '.[ray]'``; ``mujoco`` and ``ale-py`` for the HalfCheetah and
+Atari rows). It starts a private single-node Ray and must run in a network namespace that has
+nothing but loopback (it refuses otherwise), so nothing leaves the machine.
+
+1. Steps/s of the same CPU policy (MLP 64-64) over K = 1, 2, 4 actors of n envs each
+   (``RayCollector``, envs in the actor's process) against ``Collector`` over a local
+   ``ProcessPoolVectorEnv`` of the same K * n envs with K worker processes, and against the
+   in-process pool (one process: the single-machine reference). All collectors live at once
+   and are timed interleaved, rotating order, medians of ``--reps`` repetitions; before each
+   repetition the two chunks a Ray actor may hold ready are drained untimed.
+2. Object-store cost per batch: an actor returns a prebuilt chunk (CartPole, HalfCheetah,
+   Atari 84x84x4 layouts) and the driver ``ray.get``s it, against a plain copy of the same
+   bytes (the physical limit) and pickle + unpickle (a pipe transport).
+3. Bytes per env step that leave an actor: computed from the chunk layout (obs, action,
+   reward, two flags; plus ``next_obs`` per chunk), and measured as the serialized size of
+   real replies (``pickle`` protocol 5 with out-of-band buffers, what Ray ships).
+4. Object-store usage over a longer run (``--soak-s`` seconds of collection with a weights
+   update every batch), sampled from Ray's memory summary: it must stay flat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import os
+import pickle
+import re
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from common import fmt_bytes, fmt_rate, fmt_ratio, header_lines, machine_info, markdown_table  # noqa: E402
+
+from rlstash.collect.ray import RayCollector  # noqa: E402
+from rlstash.collect.sync import Collector  # noqa: E402
+from rlstash.envs import ProcessPoolVectorEnv  # noqa: E402
+
+MiB = 1024**2
+
+
+class MLP(torch.nn.Module):
+    """The CPU policy every collector runs: 64-64 MLP, argmax (discrete) or tanh (continuous)."""
+
+    def __init__(self, obs_dim: int, out: int, discrete: bool) -> None:
+        super().__init__()
+        self.discrete = discrete
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(obs_dim, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64),
+            torch.nn.Tanh(), torch.nn.Linear(64, out),
+        )  # fmt: skip
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        y = self.net(obs.float())
+        return y.argmax(-1) if self.discrete else torch.tanh(y)
+
+
+ENVS = {  # env id -> (obs dim, policy outputs, discrete, envs per actor, steps per chunk)
+    "CartPole-v1": (4, 2, True, 8, 64),
+    "HalfCheetah-v5": (17, 6, False, 4, 64),
+}
+
+
+def atari_env():
+    """ALE Pong with the DQN preprocessing: 84x84 grey frames, 4 stacked (uint8 [4, 84, 84])."""
+    import ale_py
+    import gymnasium as gym
+
+    gym.register_envs(ale_py)
+    env = gym.make("ALE/Pong-v5", frameskip=1)
+    env = gym.wrappers.AtariPreprocessing(env, frame_skip=4, screen_size=84)
+    return gym.wrappers.FrameStackObservation(env, 4)
+
+
+class RandomDiscrete(torch.nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.randint(self.n, (len(obs),))
+
+
+def loopback_only() -> bool:
+    return sorted(n for _, n in socket.if_nameindex()) == ["lo"]
+
+
+# --- 1. throughput ------------------------------------------------------------------------
+def make_runs(env_id: str, ks: list[int]) -> dict[str, tuple[object, int]]:
+    obs_dim, out, discrete, n, T = ENVS[env_id]
+    factory = functools.partial(MLP, obs_dim, out, discrete)
+    runs: dict[str, tuple[object, int]] = {}
+    for K in ks:
+        ray_c = RayCollector(env_id, factory, K, n, T * K * n, seed=0)
+        runs[f"Ray, {K} actor(s) x {n} envs"] = (ray_c, K * n * T)
+        pool = ProcessPoolVectorEnv(env_id, num_envs=K * n, num_workers=K, seed=0)
+        runs[f"local pool, {K} worker(s) x {n} envs"] = (Collector(pool, factory(), K * n * T), K * n * T)  # fmt: skip
+    pool0 = ProcessPoolVectorEnv(env_id, num_envs=n, num_workers=0, seed=0)
+    runs[f"in-process, {n} envs (1 process)"] = (Collector(pool0, factory(), n * T), n * T)
+    return runs
+
+
+def time_runs(
+    runs: dict[str, tuple[object, int]], reps: int, batches: int
+) -> dict[str, list[float]]:
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    names = list(runs)
+    for c, _ in runs.values():
+        c.collect()  # start-up (actors build envs and policy) outside the timing
+    for rep in range(reps):
+        k = rep % len(names)
+        for name in names[k:] + names[:k]:
+            c, frames = runs[name]
+            if isinstance(c, RayCollector):
+                for _ in range(2):
+                    c.collect()  # chunks that were ready ahead: not collected in this window
+            t0 = time.perf_counter()
+            for _ in range(batches):
+                c.collect()
+            rates[name].append(batches * frames / (time.perf_counter() - t0))
+    return rates
+
+
+def close_runs(runs: dict[str, tuple[object, int]]) -> None:
+    for c, _ in runs.values():
+        if isinstance(c, RayCollector):
+            c.close()
+        else:
+            c.env.close()
+
+
+def throughput(env_id: str, ks: list[int], reps: int, batches: int) -> str:
+    runs = make_runs(env_id, ks)
+    try:
+        rates = time_runs(runs, reps, batches)
+    finally:
+        close_runs(runs)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    base = next(v for k, v in med.items() if k.startswith("in-process"))
+    rows = []
+    for K in ks:
+        r = next(v for k, v in med.items() if k.startswith(f"Ray, {K} "))
+        p = next(v for k, v in med.items() if k.startswith(f"local pool, {K} "))
+        spread = max(rates[f"Ray, {K} actor(s) x {ENVS[env_id][3]} envs"]) / r - 1
+        rows.append([env_id, K, K * ENVS[env_id][3], fmt_rate(r), fmt_rate(p), fmt_ratio(r / p), fmt_ratio(r / base), f"{spread:.0%}"])  # fmt: skip
+    rows.append([env_id, "—", ENVS[env_id][3], "—", "—", "—", f"{fmt_rate(base)} (1.00x)", "—"])
+    return markdown_table(
+        [
+            "env",
+            "actors K",
+            "envs",
+            "Ray steps/s",
+            "local pool steps/s",
+            "Ray / pool",
+            "Ray / in-process",
+            "Ray max over median",
+        ],  # fmt: skip
+        rows,
+    )
+
+
+# --- 2. object-store cost per batch -------------------------------------------------------
+LAYOUTS = {  # name -> (obs shape, obs dtype, action shape, action dtype, n envs, T)
+    "CartPole-v1": ((4,), np.float32, (), np.int64, 8, 64),
+    "HalfCheetah-v5": ((17,), np.float64, (6,), np.float32, 4, 64),
+    "Atari 84x84x4": ((4, 84, 84), np.uint8, (), np.int64, 8, 32),
+}
+
+
+def chunk_of(layout: tuple) -> dict[str, np.ndarray]:
+    obs_shape, obs_dtype, act_shape, act_dtype, n, T = layout
+    rng = np.random.default_rng(0)
+    return {
+        "obs": rng.integers(0, 255, (T, n, *obs_shape)).astype(obs_dtype),
+        "action": np.zeros((T, n, *act_shape), act_dtype),
+        "reward": np.zeros((T, n), np.float32),
+        "terminated": np.zeros((T, n), bool),
+        "truncated": np.zeros((T, n), bool),
+    }
+
+
+def step_bytes(layout: tuple) -> tuple[int, int]:
+    """(bytes per env step of the chunk fields, bytes of next_obs per chunk)."""
+    obs_shape, obs_dtype, act_shape, act_dtype, n, T = layout
+    obs = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
+    act = int(np.prod(act_shape, dtype=np.int64)) * np.dtype(act_dtype).itemsize
+    return obs + act + 4 + 1 + 1, n * obs
+
+
+def serialized_size(obj: object) -> int:
+    bufs: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
+    return len(head) + sum(b.raw().nbytes for b in bufs)
+
+
+def store_cost(reps: int) -> str:
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Holder:
+        def __init__(self, chunk):
+            self.chunk = chunk
+
+        def get(self):
+            return self.chunk
+
+    rows = []
+    for name, layout in LAYOUTS.items():
+        chunk = chunk_of(layout)
+        nbytes = sum(v.nbytes for v in chunk.values())
+        holder = Holder.remote(chunk)
+        ray.get(holder.get.remote())
+
+        def via_ray(holder=holder):
+            out = ray.get(holder.get.remote())
+            return np.concatenate([out["obs"]], axis=1)  # the driver's copy into the batch
+
+        def plain(chunk=chunk):
+            return np.concatenate([chunk["obs"]], axis=1), {k: v.copy() for k, v in chunk.items()}
+
+        def piped(chunk=chunk):
+            return pickle.loads(pickle.dumps(chunk, protocol=5))
+
+        t = {}
+        for label, fn in (("ray", via_ray), ("copy", plain), ("pickle", piped)):
+            times = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                for _ in range(20):
+                    fn()
+                times.append((time.perf_counter() - t0) / 20)
+            t[label] = statistics.median(times)
+        per_step, _ = step_bytes(layout)
+        T, n = layout[5], layout[4]
+        rows.append([
+            name, f"{T} x {n}", fmt_bytes(nbytes), f"{t['ray'] * 1e3:.2f} ms",
+            f"{t['copy'] * 1e3:.3f} ms", f"{t['pickle'] * 1e3:.3f} ms",
+            f"{(t['ray'] - t['copy']) / (T * n) * 1e6:.2f} µs", f"{nbytes / t['ray'] / 1e9:.2f} GB/s",
+        ])  # fmt: skip
+        ray.kill(holder)
+    return markdown_table(
+        [
+            "layout",
+            "chunk T x n",
+            "chunk bytes",
+            "actor -> driver (ray.get)",
+            "plain copy",
+            "pickle round trip",
+            "Ray overhead per env step",
+            "Ray GB/s",
+        ],  # fmt: skip
+        rows,
+    )
+
+
+def network_bytes(have_mujoco: bool, have_ale: bool) -> str:
+    rows = []
+    measured = measured_reply_bytes(have_mujoco, have_ale)
+    for name, layout in LAYOUTS.items():
+        per_step, per_chunk = step_bytes(layout)
+        T, n = layout[5], layout[4]
+        computed = per_step + per_chunk / (T * n)
+        got = measured.get(name)
+        rows.append([
+            name, per_step, f"{per_chunk} per chunk", f"{computed:.1f}",
+            f"{got:.1f}" if got else "not measured (package missing)",
+            f"{computed * 1e6 / 1e9 * 8:.2f} Gbit/s" ,
+        ])  # fmt: skip
+    return markdown_table(
+        [
+            "layout",
+            "B per env step (fields)",
+            "next_obs",
+            "B per env step, computed",
+            "B per env step, measured",
+            "at 1M env steps/s",
+        ],  # fmt: skip
+        rows,
+    )
+
+
+def measured_reply_bytes(have_mujoco: bool, have_ale: bool) -> dict[str, float]:
+    """Serialized size of real RayCollector replies per env step (one chunk each)."""
+    import ray
+
+    from rlstash.collect.ray_actor import ChunkActor
+
+    cases = {"CartPole-v1": ("CartPole-v1", functools.partial(MLP, 4, 2, True))}
+    if have_mujoco:
+        cases["HalfCheetah-v5"] = ("HalfCheetah-v5", functools.partial(MLP, 17, 6, False))
+    if have_ale:
+        cases["Atari 84x84x4"] = (atari_env, functools.partial(RandomDiscrete, 6))
+    out = {}
+    remote = ray.remote(ChunkActor).options(runtime_env={"env_vars": {"CUDA_VISIBLE_DEVICES": ""}})
+    for name, (env, policy) in cases.items():
+        n, T = LAYOUTS[name][4], LAYOUTS[name][5]
+        actor = remote.remote(env, policy, n, 0)
+        reply = ray.get(actor.collect.remote([], 0, T, 0))
+        out[name] = serialized_size(reply) / (T * n)
+        ray.kill(actor)
+    return out
+
+
+# --- 4. object store over a longer run ----------------------------------------------------
+def store_used() -> tuple[float, int]:
+    """(MiB in the object store, objects) from Ray's memory summary."""
+    from ray._private.internal_api import memory_summary
+
+    text = memory_summary(stats_only=True)
+    m = re.search(r"Plasma memory usage (\d+) MiB, (\d+) objects", text)
+    return (float(m.group(1)), int(m.group(2))) if m else (float("nan"), -1)
+
+
+def soak(seconds: float) -> str:
+    env_id = "CartPole-v1"
+    obs_dim, out, discrete, n, T = ENVS[env_id]
+    policy = MLP(obs_dim, out, discrete)
+    c = RayCollector(
+        env_id, functools.partial(MLP, obs_dim, out, discrete), 2, n, 2 * n * T, seed=0
+    )
+    samples = []
+    try:
+        t0 = time.monotonic()
+        batches = 0
+        next_sample = 0.0
+        while time.monotonic() - t0 < seconds:
+            c.collect()
+            c.update_policy_weights(policy.state_dict())
+            batches += 1
+            if time.monotonic() - t0 >= next_sample:
+                samples.append((time.monotonic() - t0, batches, *store_used()))
+                next_sample += max(1.0, seconds / 10)
+    finally:
+        c.close()
+    rows = [
+        [f"{t:.0f}", b, f"{b * 2 * n * T:,}", f"{mib:.0f} MiB", objs] for t, b, mib, objs in samples
+    ]
+    return markdown_table(["seconds", "batches", "env steps", "object store used", "objects"], rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions, short soak")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--soak-s", type=float, default=120.0)
+    ap.add_argument("--out", default=str(HERE / "results" / "ray_collect.md"))
+    args = ap.parse_args()
+    if not loopback_only():
+        sys.exit("bench/ray_collect.py: run it in a loopback-only network namespace: "
+                 "unshare -n sh -c 'ip link set lo up && exec python bench/ray_collect.py'")  # fmt: skip
+    reps, batches, soak_s = (3, 3, 20.0) if args.quick else (args.reps, 6, args.soak_s)
+    import ray
+
+    have_mujoco = importlib.util.find_spec("mujoco") is not None
+    have_ale = importlib.util.find_spec("ale_py") is not None
+    info = machine_info()
+    info["ray"] = ray.__version__
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
+             object_store_memory=256 * MiB)  # fmt: skip
+    start = time.time()
+    try:
+        parts = ["# Ray collection (bench/ray_collect.py)", "", *header_lines(info), ""]
+        parts += ["## Steps/s: RayCollector vs the local process pool (same policy, same envs)", ""]
+        for env_id in ["CartPole-v1"] + (["HalfCheetah-v5"] if have_mujoco else []):
+            parts += [throughput(env_id, [1, 2, 4], reps, batches), ""]
+        parts += ["## Object store per batch (same node)", "", store_cost(reps), ""]
+        parts += [
+            "## Bytes per env step leaving an actor",
+            "",
+            network_bytes(have_mujoco, have_ale),
+            "",
+        ]
+        parts += [
+            "## Object store over a longer run (2 actors, weights every batch)",
+            "",
+            soak(soak_s),
+            "",
+        ]
+    finally:
+        ray.shutdown()
+    parts.append(
+        f"Wall time {time.time() - start:.0f} s; load average at the end {os.getloadavg()[0]:.2f}."
+    )
+    text = "\n".join(parts) + "\n"
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    print(text)
+    print(f"[ray_collect] wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
