@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,14 @@ def check(cfg: TrainConfig) -> None:
     from rlstash.train import onpolicy
     from rlstash.train.builders import is_batched
 
+    if not _address_ok(cfg.ray):
+        raise ValueError(
+            f"ray: expected 'local', 'auto' or a cluster address host:port (or ray://host:port), "
+            f"got {cfg.ray!r}; e.g. --ray local"
+        )
+    if importlib.util.find_spec("ray") is None:
+        raise ValueError("ray: Ray is not installed; pip install 'rlstash[ray]', or drop --ray")
+
     if cfg.algo in onpolicy.ALGOS:
         raise ValueError(
             f"ray: collection on Ray feeds a replay buffer; --algo {cfg.algo} is on-policy. "
@@ -38,6 +48,12 @@ def check(cfg: TrainConfig) -> None:
             f"ray: {cfg.env} is a batched torch env stepped in this process; drop --ray or use "
             "a gymnasium id"
         )
+
+
+def _address_ok(address: str) -> bool:
+    if address in ("local", "auto"):
+        return True
+    return re.fullmatch(r"(ray://)?[A-Za-z0-9_.\-]+:\d{1,5}", address) is not None
 
 
 def make_collector(

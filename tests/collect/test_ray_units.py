@@ -114,3 +114,33 @@ def test_bad_arguments_are_refused_before_ray_starts():
         RayCollector("CartPole-v1", _policy, 2, 2, 6)
     with pytest.raises(ValueError, match="actor_options: max_restarts"):
         RayCollector("CartPole-v1", _policy, 1, 1, 4, actor_options={"max_restarts": 5})
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--ray", "banana"], ["--ray", "host:port", "'banana'"]),
+        (["--ray", "local", "--algo", "ppo"], ["--ray", "on-policy", "ppo"]),
+        (["--ray", "local", "--ray-actors", "0"], ["--ray-actors", ">= 1"]),
+        (["--ray", "local", "--env", "rlstash/CartPole-v1"], ["--ray", "batched"]),
+    ],
+)
+def test_train_ray_bad_settings_are_one_line_exit_2(argv, words, tmp_path, capsys):
+    from rlstash.train import cli
+
+    rc = cli.main(["train", "--quiet", "--run-dir", str(tmp_path / "runs"), *argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    for w in words:
+        assert w in err, err
+    assert not (tmp_path / "runs").exists()  # nothing written
+
+
+def test_lanes_and_collection_size_of_a_ray_run():
+    from rlstash.train.builders import collect_frames
+    from rlstash.train.config import TrainConfig
+
+    cfg = TrainConfig(ray="local", ray_actors=3, envs=4, train_freq=256)
+    assert cfg.lanes == 12 and collect_frames(cfg) == 21 * 12
+    assert collect_frames(TrainConfig(ray="local", ray_actors=3, envs=4, train_freq=4)) == 24
+    assert TrainConfig(envs=4).lanes == 4
