@@ -105,12 +105,15 @@ def _ensure_ray(py: Path) -> str | None:
     stamp_file = VENV / ".rlstash-ray-stamp"
     if stamp_file.exists() and stamp_file.read_text() == _stamp():
         return None
-    print("[run.py] installing the ray extra for the Ray tests", flush=True)
-    try:
-        _pip("-e", f"{ROOT}[dev,plots,ray]")
-    except subprocess.CalledProcessError as exc:
-        return f"pip could not install the ray extra (exit {exc.returncode})"
-    stamp_file.write_text(_stamp())
+    with _locked(ROOT / ".venv.lock"):  # one install at a time, as in ensure_venv
+        if stamp_file.exists() and stamp_file.read_text() == _stamp():
+            return None
+        print("[run.py] installing the ray extra for the Ray tests", flush=True)
+        try:
+            _pip("-e", f"{ROOT}[dev,plots,ray]")
+        except subprocess.CalledProcessError as exc:
+            return f"pip could not install the ray extra (exit {exc.returncode})"
+        stamp_file.write_text(_stamp())
     return None
 
 
