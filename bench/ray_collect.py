@@ -50,6 +50,7 @@ from common import fmt_bytes, fmt_rate, fmt_ratio, header_lines, machine_info, m
 from rlstash.collect.ray import RayCollector  # noqa: E402
 from rlstash.collect.sync import Collector  # noqa: E402
 from rlstash.envs import ProcessPoolVectorEnv  # noqa: E402
+from rlstash.storage.stream import StreamStorage  # noqa: E402
 
 MiB = 1024**2
 
@@ -115,6 +116,9 @@ def make_runs(env_id: str, ks: list[int]) -> dict[str, tuple[object, int]]:
     return runs
 
 
+DRIVER: dict[str, list[float]] = {}  # config -> seconds per collect() when the chunks were ready
+
+
 def time_runs(
     runs: dict[str, tuple[object, int]], reps: int, batches: int
 ) -> dict[str, list[float]]:
@@ -127,8 +131,11 @@ def time_runs(
         for name in names[k:] + names[:k]:
             c, frames = runs[name]
             if isinstance(c, RayCollector):
-                for _ in range(2):
-                    c.collect()  # chunks that were ready ahead: not collected in this window
+                time.sleep(0.2)  # let every actor finish the chunks it may run ahead
+                t0 = time.perf_counter()
+                c.collect()  # chunks that were ready ahead: not collected in this window
+                DRIVER.setdefault(name, []).append(time.perf_counter() - t0)
+                c.collect()
             t0 = time.perf_counter()
             for _ in range(batches):
                 c.collect()
@@ -156,9 +163,13 @@ def throughput(env_id: str, ks: list[int], reps: int, batches: int) -> str:
     for K in ks:
         r = next(v for k, v in med.items() if k.startswith(f"Ray, {K} "))
         p = next(v for k, v in med.items() if k.startswith(f"local pool, {K} "))
-        spread = max(rates[f"Ray, {K} actor(s) x {ENVS[env_id][3]} envs"]) / r - 1
-        rows.append([env_id, K, K * ENVS[env_id][3], fmt_rate(r), fmt_rate(p), fmt_ratio(r / p), fmt_ratio(r / base), f"{spread:.0%}"])  # fmt: skip
-    rows.append([env_id, "—", ENVS[env_id][3], "—", "—", "—", f"{fmt_rate(base)} (1.00x)", "—"])
+        name = f"Ray, {K} actor(s) x {ENVS[env_id][3]} envs"
+        spread = max(rates[name]) / r - 1
+        drv = statistics.median(DRIVER[name]) / (K * ENVS[env_id][3] * ENVS[env_id][4])
+        rows.append([env_id, K, K * ENVS[env_id][3], fmt_rate(r), fmt_rate(p), fmt_ratio(r / p), fmt_ratio(r / base), f"{spread:.0%}", f"{drv * 1e6:.2f} µs ({fmt_rate(1 / drv)}/s)"])  # fmt: skip
+    rows.append(
+        [env_id, "—", ENVS[env_id][3], "—", "—", "—", f"{fmt_rate(base)} (1.00x)", "—", "—"]
+    )
     return markdown_table(
         [
             "env",
@@ -169,6 +180,7 @@ def throughput(env_id: str, ks: list[int], reps: int, batches: int) -> str:
             "Ray / pool",
             "Ray / in-process",
             "Ray max over median",
+            "driver per env step, chunks ready (its limit)",
         ],  # fmt: skip
         rows,
     )
@@ -333,13 +345,19 @@ def soak(seconds: float) -> str:
     c = RayCollector(
         env_id, functools.partial(MLP, obs_dim, out, discrete), 2, n, 2 * n * T, seed=0
     )
+    spec = {"obs": ((obs_dim,), torch.float32), "action": ((), torch.int64)}
+    store = StreamStorage(spec, 2 * n, 2 * n * 4096)
+    extend_s = 0.0
     samples = []
     try:
         t0 = time.monotonic()
         batches = 0
         next_sample = 0.0
         while time.monotonic() - t0 < seconds:
-            c.collect()
+            batch = c.collect()
+            t1 = time.perf_counter()
+            store.extend(batch)
+            extend_s += time.perf_counter() - t1
             c.update_policy_weights(policy.state_dict())
             batches += 1
             if time.monotonic() - t0 >= next_sample:
@@ -347,10 +365,18 @@ def soak(seconds: float) -> str:
                 next_sample += max(1.0, seconds / 10)
     finally:
         c.close()
+        store.close()
+    per_step = extend_s / max(1, batches * 2 * n * T)
     rows = [
         [f"{t:.0f}", b, f"{b * 2 * n * T:,}", f"{mib:.0f} MiB", objs] for t, b, mib, objs in samples
     ]
-    return markdown_table(["seconds", "batches", "env steps", "object store used", "objects"], rows)
+    table = markdown_table(
+        ["seconds", "batches", "env steps", "object store used", "objects"], rows
+    )
+    return table + (
+        f"\n\nStreamStorage.extend of these batches in the driver: {per_step * 1e6:.2f} µs per env "
+        f"step ({fmt_rate(1 / per_step)} env steps/s of one driver thread)."
+    )
 
 
 def main() -> int:
