@@ -392,6 +392,7 @@ def main() -> int:
     reps, batches, soak_s = (3, 3, 20.0) if args.quick else (args.reps, 6, args.soak_s)
     import ray
 
+    torch.set_num_threads(1)  # as in every actor: one thread per policy copy
     have_mujoco = importlib.util.find_spec("mujoco") is not None
     have_ale = importlib.util.find_spec("ale_py") is not None
     info = machine_info()
@@ -399,34 +400,33 @@ def main() -> int:
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
              object_store_memory=256 * MiB)  # fmt: skip
     start = time.time()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = " ".join(["python bench/ray_collect.py", *sys.argv[1:]])
+    parts = ["# Ray collection (bench/ray_collect.py)", "", *header_lines(info), ""]
+    parts += [f"Command: `unshare -n sh -c 'ip link set lo up && exec {cmd}'` ({reps} interleaved repetitions of {batches} batches per collector, medians; one private single-node Ray, all on this 2-core machine, shared with other work: ratios from one process are the result).", ""]  # fmt: skip
+
+    def add(*lines: str) -> None:  # written as it goes: a failed section keeps the others
+        parts.extend(lines)
+        out.write_text("\n".join(parts) + "\n")
+        print("\n".join(lines), flush=True)
+
     try:
-        parts = ["# Ray collection (bench/ray_collect.py)", "", *header_lines(info), ""]
-        parts += ["## Steps/s: RayCollector vs the local process pool (same policy, same envs)", ""]
+        add("## Steps/s: RayCollector vs the local process pool (same policy, same envs)", "")
         for env_id in ["CartPole-v1"] + (["HalfCheetah-v5"] if have_mujoco else []):
-            parts += [throughput(env_id, [1, 2, 4], reps, batches), ""]
-        parts += ["## Object store per batch (same node)", "", store_cost(reps), ""]
-        parts += [
-            "## Bytes per env step leaving an actor",
-            "",
-            network_bytes(have_mujoco, have_ale),
-            "",
-        ]
-        parts += [
+            add(throughput(env_id, [1, 2, 4], reps, batches), "")
+        add("## Object store per batch (same node)", "", store_cost(reps), "")
+        add("## Bytes per env step leaving an actor", "", network_bytes(have_mujoco, have_ale), "")
+        add(
             "## Object store over a longer run (2 actors, weights every batch)",
             "",
             soak(soak_s),
             "",
-        ]
+        )
     finally:
         ray.shutdown()
-    parts.append(
-        f"Wall time {time.time() - start:.0f} s; load average at the end {os.getloadavg()[0]:.2f}."
-    )
-    text = "\n".join(parts) + "\n"
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    print(text)
-    print(f"[ray_collect] wrote {args.out}")
+    add(f"Wall time {time.time() - start:.0f} s; load average at the end {os.getloadavg()[0]:.2f}.")
+    print(f"[ray_collect] wrote {out}")
     return 0
 
 
