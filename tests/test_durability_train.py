@@ -18,6 +18,7 @@ import pytest
 
 from rlstash.train import checkpoint
 from rlstash.train.cli import main
+from tests.procs import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {
@@ -71,6 +72,7 @@ def test_resume_after_sigkill_on_every_storage_without_duplicated_log_steps(tmp_
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - no orphan if the test run is killed
         )  # fmt: skip
         for s, d in runs.items()
     }
@@ -90,7 +92,8 @@ def test_resume_after_sigkill_on_every_storage_without_duplicated_log_steps(tmp_
             f.write(f"{at + 1}\n")
         resumed[s] = (at, subprocess.Popen([sys.executable, "-m", "rlstash", "train", "--resume", str(run_dir)],  # noqa: S603
                                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                           stderr=subprocess.PIPE, text=True))  # fmt: skip
+                                           stderr=subprocess.PIPE, text=True,
+                                           preexec_fn=die_with_parent))  # fmt: skip
     try:
         outs = {s: p.communicate(timeout=240) for s, (_, p) in resumed.items()}
     finally:
@@ -149,6 +152,7 @@ def test_stopping_run_py_stops_its_trainer_and_relative_paths_are_the_callers(tm
                 [sys.executable, str(ROOT / "run.py"), *_train_argv(Path("runs") / "r", 10**7),
                  "--workers", "1"],
                 cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                preexec_fn=die_with_parent,
             )  # fmt: skip
         for name, proc in procs.items():  # "runs" is relative: it lands in the caller's cwd
             _wait_for(proc, tmp_path / name / "runs" / "r" / "checkpoint" / "COMPLETE", 256)

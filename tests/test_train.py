@@ -23,6 +23,7 @@ from rlstash.replay import ReplayBuffer
 from rlstash.train import checkpoint
 from rlstash.train.cli import main
 from rlstash.train.loop import TrainConfig, train
+from tests.procs import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_DQN = {
@@ -202,7 +203,8 @@ def _start_training(run_dir: Path, steps: int) -> subprocess.Popen:
            "--run-dir", str(run_dir.parent), "--name", run_dir.name, "--device", "cpu", *sets]  # fmt: skip
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=die_with_parent)  # fmt: skip
 
 
 def _wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, min_step: int) -> None:
