@@ -74,6 +74,48 @@ def test_uniform_with_a_sparse_mask_falls_back_exactly():
         s.sample(8, ctx_for(capacity, valid=np.zeros(capacity, bool)))
 
 
+def test_uniform_on_a_partly_filled_buffer_never_scans_the_capacity(monkeypatch):
+    """A stream buffer of 100,000 slots filled to 25% (a run shorter than the buffer): the
+    rejected draws are refilled by draws, never by an O(capacity) scan of the mask (before,
+    8 rounds of redraws then a scan in nearly every batch: ~4x SB3's sampling time)."""
+    capacity = 100_000
+    valid = np.zeros(capacity, bool)
+    valid[:25_000] = True
+    valid[::200] = False  # episode ends
+    scans = []
+    flatnonzero = np.flatnonzero
+
+    def counting(a):
+        scans.append(np.size(a) >= capacity)
+        return flatnonzero(a)
+
+    monkeypatch.setattr(np, "flatnonzero", counting)
+    s = UniformSampler()
+    s.reset(capacity)
+    ctx = ctx_for(capacity, valid=valid)
+    idx = np.concatenate([s.sample(64, ctx)[0] for _ in range(300)])
+    assert not any(scans)
+    assert valid[idx].all()
+    # uniform over the valid rows: 5 blocks of 5,000 rows (each with 25 episode ends)
+    counts = np.bincount(idx // 5_000, minlength=5)
+    assert chi_square(counts, np.full(5, 0.2)) < 25  # df = 4
+
+
+def test_uniform_with_few_valid_rows_draws_each_exactly_uniformly():
+    """Valid rows spread thinly (every 1,000th of 100,000): bulk redraws, then the exact
+    scan; both give each valid row the same probability."""
+    capacity = 100_000
+    valid = np.zeros(capacity, bool)
+    valid[::1_000] = True
+    s = UniformSampler()
+    s.reset(capacity)
+    ctx = ctx_for(capacity, valid=valid)
+    idx = np.concatenate([s.sample(256, ctx)[0] for _ in range(80)])
+    assert valid[idx].all()
+    counts = np.bincount(idx // 1_000, minlength=100)
+    assert chi_square(counts, np.full(100, 0.01)) < 180  # df = 99: p ~ 1e-6
+
+
 def test_empty_buffer_is_a_clear_error():
     for s in (UniformSampler(), UniformSampler(False), PrioritizedSampler(), SequenceSampler(2)):
         s.reset(10)

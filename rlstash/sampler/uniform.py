@@ -33,9 +33,10 @@ class UniformSampler:
     mask one :func:`uniform_ints` (raw 64-bit draws cut to ``ceil(log2 size)`` bits, values
     ``>= size`` dropped: exact, and about half the cost of ``Generator.integers`` at a batch
     of 256). With a mask the draw is rejection
-    sampling: rejected positions are redrawn up to 8 times, then drawn among
-    ``flatnonzero(valid[:size])``; each accepted index is exactly uniform over the valid
-    rows, and the cost is ``O(batch_size / fraction valid)`` instead of ``O(capacity)``.
+    sampling: rejected positions are refilled from further draws made in bulk (as many as
+    the fraction valid seen so far needs), or drawn among ``flatnonzero(valid[:size])`` when
+    that scan is cheaper; each accepted index is exactly uniform over the valid rows, and
+    the cost is ``O(min(batch_size / fraction valid, capacity))``.
 
     With ``replacement=False`` rows are served in epochs: an epoch is a random permutation
     of the rows stored and valid when it starts, consumed ``batch_size`` at a time. Rows that
@@ -152,15 +153,30 @@ def uniform_ints(rng: np.random.Generator, high: int, size: int) -> np.ndarray:
 
 
 def _uniform_valid(batch_size: int, ctx: SampleContext) -> np.ndarray:
-    """Uniform over valid stored rows by rejection (see :class:`UniformSampler`)."""
+    """Uniform over valid stored rows by rejection (see :class:`UniformSampler`).
+
+    The rejected positions are refilled, in order, by the valid ones among further uniform
+    draws, made in bulk: as many as the fraction valid seen so far says they need (a buffer
+    filled to 10% of its capacity needs ~10 draws per row, in one call instead of up to 8
+    rounds and then an O(capacity) scan). Each accepted draw is uniform over the valid rows
+    whatever the number of draws, so the result is exact. When the draws needed would cost
+    more than a scan (fraction valid < ~10 x batch_size / size), rows are drawn among
+    ``flatnonzero(valid[:size])`` instead."""
     valid, n, rng = ctx.valid, ctx.size, ctx.rng
     idx = rng.integers(0, n, batch_size)  # [B]
-    redo = np.flatnonzero(~valid[idx])
+    redo = np.flatnonzero(~valid[idx])  # positions still to fill, in order
+    drawn, hits = batch_size, batch_size - redo.size
     for _ in range(REJECTION_ROUNDS):
         if not redo.size:
             return idx
-        idx[redo] = rng.integers(0, n, redo.size)
-        redo = redo[~valid[idx[redo]]]
+        want = int(redo.size * drawn / max(hits, 1) * 1.25) + 16
+        if want > n // 8:
+            break  # a scan of valid[:n] is cheaper than the draws
+        cand = rng.integers(0, n, want)
+        cand = cand[valid[cand]]  # valid draws, in draw order
+        take = min(cand.size, redo.size)
+        idx[redo[:take]] = cand[:take]
+        redo, drawn, hits = redo[take:], drawn + want, hits + cand.size
     if redo.size:
         rows = np.flatnonzero(valid[:n])
         if not rows.size:
