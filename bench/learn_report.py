@@ -1,0 +1,288 @@
+"""Tables of bench/learn.py: bench/results/learn.md (each side's preset, the 100,000-action
+parts) and bench/results/learn_same.md (identical settings, update rates).
+
+A part with no kept runs keeps its section from the previous report, labelled with that
+report's date; text after the notes marker is kept as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from learn_tasks import LIBS, TASKS
+
+PATIENCE = 5  # rlstash train's default: evaluations in a row at or above the threshold
+GOAL_TIME = 0.7  # rlstash may take at most this fraction of SB3's training seconds
+NOTES_MARKER = "<!-- notes: kept when the tables above are regenerated -->"
+POINTS = {"first": "first eval >= threshold", "stays": "stays >= threshold to the end",
+          "solved": f"{PATIENCE} evals in a row (where `rlstash train` stops)"}  # fmt: skip
+
+
+def points(curve: list[list[float]], threshold: float | None, patience: int = PATIENCE) -> dict:
+    """(step, seconds) at the first eval >= threshold, from where all later stay >= it, and
+    at the end of the first run of ``patience`` evals in a row >= it (None when never)."""
+    ok = [threshold is not None and r[2] >= threshold for r in curve]
+    first = next((i for i, v in enumerate(ok) if v), None)
+    stays = None
+    for i in range(len(ok) - 1, -1, -1):
+        if not ok[i]:
+            break
+        stays = i
+    solved, run = None, 0
+    for i, v in enumerate(ok):
+        run = run + 1 if v else 0
+        if run >= patience:
+            solved = i
+            break
+
+    def at(i: int | None) -> list[float] | None:
+        return None if i is None else [curve[i][0], curve[i][1]]
+
+    return {"first": at(first), "stays": at(stays), "solved": at(solved)}
+
+
+def median_or_inf(values: list[float | None]) -> float:
+    """Median where a missing value (never reached) counts as +inf."""
+    return statistics.median([math.inf if v is None else v for v in values]) if values else math.nan
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return (
+        "never" if value is None or math.isinf(value) or math.isnan(value) else format(value, fmt)
+    )
+
+
+def _ratio(a: float, b: float) -> str:
+    if not all(math.isfinite(x) for x in (a, b)) or not b:
+        return "—"
+    return f"{a / b:.2f}x"
+
+
+def _title(name: str, budget: int) -> str:
+    task = TASKS[name]
+    what = "identical settings" if task["group"] == "same" else "each side's preset"
+    goal = f"threshold {task['threshold']:g}, " if task["threshold"] is not None else ""
+    return f"## {task['algo'].upper()} {task['env']}, {what}: {goal}budget {budget:,} env steps"
+
+
+def _load(r: dict) -> str:
+    return " ".join(map(str, r.get("load_before_after", [])))
+
+
+def _settings_lines(runs: dict) -> list[str]:
+    lines = []
+    for lib in LIBS:
+        settings = next((r["settings"] for r in runs[lib].values() if "settings" in r), None)
+        if settings:
+            lines += ["", f"{lib} settings: `{json.dumps(settings)}`"]
+    return lines
+
+
+def _per_run(runs: dict, cells: Any, headers: list[str]) -> list[str]:
+    """The per-run table: one row per (seed, library), ``cells(run)`` its middle columns."""
+    from common import markdown_table
+
+    rows = []
+    for seed in sorted({s for lib in LIBS for s in runs[lib]}, key=int):
+        for lib in LIBS:
+            r = runs[lib].get(seed)
+            if r is None:
+                continue
+            if "error" in r:
+                rows.append([seed, lib, r["error"], *[""] * (len(headers) - 3)])
+                continue
+            rows.append([seed, lib, *cells(r), _load(r), r.get("commit", "?")])
+    return [markdown_table(["seed", "library", *headers[2:]], rows)]
+
+
+def speed_section(name: str, budget: int, runs: dict) -> list[str]:
+    """A part without a threshold: training seconds for the budget, env steps/s, returns."""
+    from common import markdown_table
+
+    ok = {lib: [r for r in runs[lib].values() if "error" not in r] for lib in LIBS}
+    rows, med = [], {}
+    for lib in LIBS:
+        if not ok[lib]:
+            continue
+        med[lib] = statistics.median(r["train_seconds"] for r in ok[lib])
+        fin = [r["curve"][-1][2] for r in ok[lib] if r["curve"]]
+        rows.append([f"{budget:,}", lib, len(ok[lib]), f"{med[lib]:.1f}",
+                     f"{budget / med[lib]:.1f}",
+                     f"{statistics.median(fin):.0f}" if fin else "not evaluated"])  # fmt: skip
+    lines = [_title(name, budget), ""]
+    if len(med) == 2:
+        lines += [f"- {budget:,} env steps: rlstash takes **{med['rlstash'] / med['sb3']:.2f}x** "
+                  "SB3's training seconds (medians over seeds)", ""]  # fmt: skip
+    lines += [markdown_table(["env steps", "library", "seeds", "train s", "env steps/s",
+                              "final eval return"], rows), "", "Per run:", ""]  # fmt: skip
+
+    def cells(r: dict) -> list[str]:
+        return [f"{r['train_seconds']:.1f}", f"{r['steps'] / r['train_seconds']:.1f}",
+                " ".join(f"{c[0]}:{c[2]:.0f}" for c in r["curve"])]  # fmt: skip
+
+    headers = ["seed", "library", "train s", "env steps/s", "eval step:return",
+               "load 1m before/after", "commit"]  # fmt: skip
+    return lines + _per_run(runs, cells, headers) + _settings_lines(runs) + [""]
+
+
+def learning_section(name: str, budget: int, runs: dict) -> list[str]:
+    """First crossing / stays / solved: medians, goals and the per-run table of ``name``."""
+    from common import markdown_table
+
+    task = TASKS[name]
+    if task["threshold"] is None:
+        return speed_section(name, budget, runs)
+    goal_time = task.get("goal_time", GOAL_TIME)
+    rows, goals = [], []
+    for key, label in POINTS.items():
+        med = {}
+        for lib in LIBS:
+            pts = [points(r["curve"], task["threshold"])[key] for r in runs[lib].values()
+                   if "error" not in r]  # fmt: skip
+            med[lib] = (median_or_inf([p and p[0] for p in pts]),
+                        median_or_inf([p and p[1] for p in pts]))  # fmt: skip
+        (rs, rt), (ss, st) = med["rlstash"], med["sb3"]
+        rows.append([label, _cell(rs, ",.0f"), _cell(ss, ",.0f"), _ratio(rs, ss),
+                     _cell(rt, ".1f"), _cell(st, ".1f"), _ratio(rt, st)])  # fmt: skip
+        if key != "solved":
+            ok = math.isfinite(rs) and rs <= ss and rt <= goal_time * st
+            goals.append(f"- {label}: steps {_cell(rs, ',.0f')} vs {_cell(ss, ',.0f')}, seconds "
+                         f"{_cell(rt, '.1f')} vs {goal_time} x {_cell(st, '.1f')}: "
+                         f"**{'met' if ok else 'missed'}**")  # fmt: skip
+    n = {lib: sum("error" not in r for r in runs[lib].values()) for lib in LIBS}
+    lines = [_title(name, budget), "",
+             f"Medians over seeds (rlstash {n['rlstash']}, SB3 {n['sb3']}; never = +inf):", "",
+             markdown_table(["point", "rlstash steps", "SB3 steps", "ratio", "rlstash s",
+                             "SB3 s", "ratio"], rows), "",
+             f"Goal (rlstash <= SB3 env steps and <= {goal_time}x its training seconds):", "",
+             *goals, "", "Per run (env steps / training seconds; the last columns: whole budget):",
+             ""]  # fmt: skip
+
+    def cells(r: dict) -> list[str]:
+        p = points(r["curve"], task["threshold"])
+        marks = [f"{_cell(p[k] and p[k][0], ',.0f')} / {_cell(p[k] and p[k][1], '.1f')}"
+                 for k in POINTS]  # fmt: skip
+        rets = " ".join(f"{c[2]:.0f}" for c in r["curve"])
+        return [*marks, f"{r['train_seconds']:.1f}", f"{r['steps'] / r['train_seconds']:.0f}", rets]
+
+    headers = ["seed", "library", "first", "stays", "solved", "train s", "steps/s",
+               "eval returns", "load 1m before/after", "commit"]  # fmt: skip
+    return lines + _per_run(runs, cells, headers) + _settings_lines(runs) + [""]
+
+
+def contextual_section(part: dict, algo: str = "Discrete SAC") -> list[str]:
+    import contextual
+    from common import markdown_table
+
+    lines = [f"## {algo}, 100,000 actions (bench/contextual.py)", ""]
+    lines += [contextual.SUMMARY if algo == "Discrete SAC" else contextual.PPO_SUMMARY, ""]
+    rows, curves = [], []
+    for key, r in part.items():
+        if "error" in r:
+            rows.append([key, r["error"], "", "", "", "", ""])
+            continue
+        last = r["curve"][-1]
+        rows.append([f"{r['n_actions']:,}", r["form"], f"{last[2]:.3f}", f"{last[3]:.2f}",
+                     f"{r['rss_before_mib']:.0f}", f"{r['peak_extra_mib']:.0f}",
+                     f"{r['s_per_update']:.3f}"])  # fmt: skip
+        curves.append(f"- {r['form']}: " + " ".join(f"{c[0]}:{c[2]:.2f}/{c[3]:.2f}"
+                                                    for c in r["curve"]))  # fmt: skip
+    lines.append(markdown_table(["actions", "form", "final return", "hit rate",
+                                 "RSS before MiB", "peak extra MiB", "s/update"], rows))  # fmt: skip
+    lines += ["", "Return curves (env step: greedy return / hit rate over the 16 contexts):", ""]
+    return lines + curves + [""]
+
+
+# --------------------------------------------------------------------------- whole reports
+
+
+class Previous:
+    """The sections ("## ..." to the next) and notes of a report being regenerated."""
+
+    def __init__(self, path: Path):
+        text = path.read_text() if path.exists() else ""
+        head, _, self.notes = text.partition(NOTES_MARKER)
+        self.date = next((x.removeprefix("- date: ") for x in text.splitlines()
+                          if x.startswith("- date: ")), "an earlier date")  # fmt: skip
+        block = head.split("\nMachine", 1)[1].split("\n\n")[1] if "\nMachine" in head else ""
+        self.machine_lines = [x for x in block.splitlines() if x.startswith("- ")]
+        chunks = head.split("\n## ")[1:]
+        self.sections = {"## " + c.split("\n", 1)[0]: "## " + c.rstrip() for c in chunks}
+
+    def kept(self, *prefixes: str) -> list[str]:
+        """The previous section whose heading starts with one of ``prefixes``, labelled with
+        the date of the run that produced it (a section kept before keeps its label)."""
+        for heading, text in self.sections.items():
+            if not heading.startswith(prefixes):
+                continue
+            body = text.split("\n", 1)[1] if "\n" in text else ""
+            body = body.split("\n# ", 1)[0].rstrip()  # never a following top-level heading
+            if " (kept from " in heading:
+                return [heading, body, ""]
+            note = f"*Not rerun this time: the tables below are from the run of {self.date}.*"
+            return [f"{heading} (kept from {self.date})", "", note, body, ""]
+        return []
+
+
+def _old_headings(name: str) -> tuple[str, ...]:
+    """Headings a part's section had in earlier reports (before and after the fold)."""
+    task = TASKS[name]
+    head = f"## {task['algo'].upper()} {task['env']}"
+    if task["group"] == "same":
+        return (f"{head}, identical settings",)
+    return (f"{head}, each side's preset", f"{head}: threshold")
+
+
+def _header(title: str, paras: list[str], machine: dict, old: Previous) -> list[str]:
+    from common import header_lines
+
+    lines = [title, ""]
+    for para in paras:
+        lines += [para, ""]
+    machine_lines = header_lines(machine) if machine else old.machine_lines
+    return lines + ["Machine (of the newest run in these tables):", "", *machine_lines, ""]
+
+
+def write_reports(store: Any, results_dir: Path, paras: dict[str, list[str]]) -> list[Path]:
+    """Regenerate learn.md and learn_same.md from the kept runs in ``store`` (bench/learn.py's
+    RunStore); ``paras``: the method paragraphs of each report."""
+    import update_flops
+
+    written = []
+    for report, group in (("learn.md", "preset"), ("learn_same.md", "same")):
+        out = results_dir / report
+        old = Previous(out)
+        body: list[str] = []
+        newest: dict = {}
+        for name, task in TASKS.items():
+            if task["group"] != group:
+                continue
+            budget, runs = store.part_runs(name)
+            kept = old.kept(*_old_headings(name))
+            if all(runs[lib] for lib in LIBS) or (any(runs.values()) and not kept):
+                body += learning_section(name, budget, runs)
+                for r in (r for lib in LIBS for r in runs[lib].values()):
+                    if r.get("date", "") >= newest.get("date", ""):
+                        newest = r
+            else:  # a part with one side only (e.g. shared SB3 runs) keeps its old section
+                body += kept
+        extra = (
+            [("contextual", "Discrete SAC"), ("ppo_contextual", "PPO")] if group == "preset" else []
+        )
+        for kind, algo in extra:
+            items = store.items(kind)
+            body += (contextual_section(items, algo) if items
+                     else old.kept(f"## {algo}, 100,000 actions"))  # fmt: skip
+        if group == "same":
+            items = store.items("updates")
+            body += update_flops.section(items) if items else old.kept("## Update rates")
+        lines = _header(paras[report][0], paras[report][1:], newest.get("machine", {}), old)
+        lines += body
+        results_dir.mkdir(parents=True, exist_ok=True)
+        out.write_text("\n".join(lines) + "\n" + NOTES_MARKER + old.notes)
+        written.append(out)
+    return written

@@ -1,0 +1,255 @@
+"""The learning parts of bench/learn.py: each side's settings and the worker that runs one side
+for one seed (in a fresh process: bench/learn.py spawns it).
+
+Two groups of parts:
+
+- ``preset`` (bench/results/learn.md): each side's preset, what a user gets: rlstash's
+  ``rlstash train`` preset against SB3 with the RL Zoo's settings;
+- ``same`` (bench/results/learn_same.md): identical networks and hyperparameters on both sides,
+  what the implementation is worth.
+
+A part's two sides have run ids (default ``<lib>-<part>``). Where two parts run SB3 with the
+same settings (``dqn`` and ``dqn_same``: the RL Zoo's DQN; ``td3`` and ``td3_same``: the Zoo's
+TD3) they share the SB3 runs: one run per seed serves both tables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# rl-baselines3-zoo hyperparams/{dqn,sac,td3,ppo}.yml (SB3 defaults for everything else).
+ZOO_DQN = {
+    "learning_rate": 2.3e-3,
+    "batch_size": 64,
+    "buffer_size": 100_000,
+    "learning_starts": 1000,
+    "gamma": 0.99,
+    "target_update_interval": 10,
+    "train_freq": 256,
+    "gradient_steps": 128,
+    "exploration_fraction": 0.16,
+    "exploration_final_eps": 0.04,
+    "policy_kwargs": {"net_arch": [256, 256]},
+}
+ZOO_SAC = {"learning_rate": 1e-3}
+ZOO_TD3 = {
+    "learning_rate": 1e-3,
+    "gamma": 0.98,
+    "buffer_size": 200_000,
+    "learning_starts": 10_000,
+    "train_freq": [1, "episode"],
+    "gradient_steps": -1,
+    "noise_std": 0.1,  # NormalActionNoise(0, 0.1) on the [-1, 1] action
+    "policy_kwargs": {"net_arch": [400, 300]},
+}
+# CartPole-v1 (lin_X: X * progress_remaining); SB3's MlpPolicy: separate (64, 64) tanh policy
+# and value nets, orthogonal init, Adam eps 1e-5 -- rlstash's preset is the same, so
+# "identical settings" and "each side's preset" are one comparison here.
+ZOO_PPO = {
+    "n_envs": 8, "n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98,
+    "n_epochs": 20, "ent_coef": 0.0, "learning_rate": "lin_0.001", "clip_range": "lin_0.2",
+}  # fmt: skip
+
+# The zoo's DQN settings in rlstash's terms. SB3's target_update_interval counts env steps
+# (10): with bursts of 128 updates every 256 env steps the target is copied from the online net
+# while collecting, so it equals the online net at the start of each burst and stays frozen
+# through it -- rlstash's target_update_interval counts updates: 128. Left different: rlstash's
+# DQN is double DQN (SB3's takes the max over the target net); no setting changes either.
+SAME_DQN = {
+    "learning_rate": 2.3e-3, "lr_schedule": "constant", "batch_size": 64,
+    "buffer_size": 100_000, "learning_starts": 1000, "gamma": 0.99, "n_steps": 1,
+    "target_update_interval": 128, "train_freq": 256, "gradient_steps": 128,
+    "exploration_fraction": 0.16, "exploration_final_eps": 0.04, "net_arch": [256, 256],
+    "total_steps": 50_000,
+}  # fmt: skip
+# SB3's SAC defaults are rlstash's (lr 3e-4, batch 256, (256, 256), tau 0.005, auto alpha,
+# learning_starts 100, one update per step); the buffer holds the whole run on both sides.
+# Left different: SB3 acts uniformly at random for its first 100 steps, rlstash with its policy.
+SAME_SAC = {"buffer_size": 15_000}
+# The zoo's TD3 in rlstash's terms: Pendulum's episodes are 200 steps (time limit, no early
+# termination), so SB3's train_freq (1, "episode") with gradient_steps -1 is 200 updates every
+# 200 env steps; 10,000 uniformly random steps before learning (SB3: learning_starts); batch
+# 256, tau 0.005, policy delay 2, target noise 0.2 clipped at 0.5: the defaults of both.
+SAME_TD3 = {
+    "learning_rate": 1e-3, "gamma": 0.98, "buffer_size": 200_000, "learning_starts": 10_000,
+    "random_steps": 10_000, "train_freq": 200, "gradient_steps": 200, "batch_size": 256,
+    "exploration_noise": 0.1, "net_arch": [400, 300],
+}  # fmt: skip
+
+# part -> algo, env, threshold (None: no threshold, seconds and returns only), budget (env
+# steps), each side's settings (None: rlstash's preset) and run id, group, evaluation schedule.
+TASKS: dict[str, dict[str, Any]] = {
+    "dqn": {"algo": "dqn", "env": "CartPole-v1", "threshold": 475.0, "budget": 50_000,
+            "rlstash": None, "sb3": ZOO_DQN, "sb3_id": "sb3-dqn_zoo", "group": "preset"},
+    "sac": {"algo": "sac", "env": "Pendulum-v1", "threshold": -200.0, "budget": 20_000,
+            "rlstash": None, "sb3": ZOO_SAC, "group": "preset"},
+    "ppo": {"algo": "ppo", "env": "CartPole-v1", "threshold": 475.0, "budget": 100_000,
+            "rlstash": None, "sb3": ZOO_PPO, "group": "preset", "goal_time": 0.5},
+    "td3": {"algo": "td3", "env": "Pendulum-v1", "threshold": -200.0, "budget": 20_000,
+            "rlstash": None, "sb3": ZOO_TD3, "sb3_id": "sb3-td3_zoo", "group": "preset"},
+    "dqn_same": {"algo": "dqn", "env": "CartPole-v1", "threshold": 475.0, "budget": 50_000,
+                 "rlstash": SAME_DQN, "sb3": ZOO_DQN, "sb3_id": "sb3-dqn_zoo",
+                 "group": "same"},
+    "sac_same": {"algo": "sac", "env": "HalfCheetah-v5", "threshold": None, "budget": 15_000,
+                 "rlstash": SAME_SAC, "sb3": {"buffer_size": 15_000}, "group": "same",
+                 "eval_every": 5000, "eval_episodes": 5},
+    "td3_same": {"algo": "td3", "env": "Pendulum-v1", "threshold": -200.0, "budget": 20_000,
+                 "rlstash": SAME_TD3, "sb3": ZOO_TD3, "sb3_id": "sb3-td3_zoo",
+                 "group": "same"},
+}  # fmt: skip
+EVAL_EVERY = 1000
+EVAL_EPISODES = 10
+LIBS = ("rlstash", "sb3")
+
+
+def run_id(part: str, lib: str) -> str:
+    """The id under which ``lib``'s runs of ``part`` are kept (shared by parts that run that
+    side with the same settings)."""
+    return TASKS[part].get(f"{lib}_id", f"{lib}-{part}")
+
+
+def schedule(part: str) -> tuple[int, int]:
+    """(env steps between evaluations, episodes per evaluation) of ``part``."""
+    task = TASKS[part]
+    return task.get("eval_every", EVAL_EVERY), task.get("eval_episodes", EVAL_EPISODES)
+
+
+def run_rlstash(part: str, seed: int, budget: int) -> dict:
+    """One rlstash run (its preset, or the part's settings); the curve comes from eval.csv."""
+    from rlstash.train.config import LOOP_SETTINGS
+    from rlstash.train.loop import TrainConfig, train
+
+    task = TASKS[part]
+    eval_every, eval_episodes = schedule(part)
+    overrides = dict(task["rlstash"] or {})
+    loop = {k: v for k, v in overrides.items() if k in LOOP_SETTINGS}
+    agent = {k: v for k, v in overrides.items() if k not in LOOP_SETTINGS}
+    with tempfile.TemporaryDirectory(prefix="rlstash-learn-") as tmp:
+        cfg = TrainConfig(
+            algo=task["algo"], env=task["env"], steps=budget, seed=seed, run_dir=tmp,
+            name="run", eval_every=eval_every, eval_episodes=eval_episodes,
+            threshold=task["threshold"], patience=10**9, quiet=True, device="cpu",
+            checkpoint_every=10 * budget, agent=agent, **loop,
+        )  # fmt: skip
+        start = time.perf_counter()
+        result = train(cfg)
+        wall = time.perf_counter() - start
+        evals = Path(tmp) / "run" / "eval.csv"  # absent when the budget ends before eval_every
+        with open(evals) if evals.exists() else contextlib.nullcontext([]) as fh:
+            curve = [
+                [int(r["step"]), float(r["train_seconds"]), float(r["return_mean"])]
+                for r in csv.DictReader(fh)
+            ]
+    settings = overrides or _preset(task["algo"], task["env"])
+    return {"curve": curve, "steps": result.steps, "train_seconds": result.train_seconds,
+            "wall_seconds": wall, "settings": settings}  # fmt: skip
+
+
+def _preset(algo: str, env: str) -> dict:
+    from rlstash.train.algos import ALGOS
+
+    preset = ALGOS[algo].presets[env]
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in preset.items()}
+
+
+def run_sb3(part: str, seed: int, budget: int) -> dict:
+    """One SB3 run with the part's settings; evaluation time is excluded from the clock."""
+    task = TASKS[part]
+    clock = _eval_clock(task["env"], seed, *schedule(part))
+    model = _sb3_ppo(task, seed) if task["algo"] == "ppo" else _sb3_off_policy(task, seed)
+    start = time.perf_counter()
+    model.learn(total_timesteps=budget, callback=clock)
+    wall = time.perf_counter() - start
+    return {"curve": clock.curve, "steps": budget, "train_seconds": wall - clock.excluded,
+            "wall_seconds": wall, "settings": task["sb3"]}  # fmt: skip
+
+
+def _eval_clock(env_id: str, seed: int, eval_every: int, episodes: int) -> Any:
+    """An SB3 callback: every ``eval_every`` env steps stop the clock, evaluate ``episodes``
+    deterministic episodes on separate envs, restart the clock."""
+    import gymnasium as gym
+    import numpy as np
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    eval_env = DummyVecEnv([lambda: gym.make(env_id) for _ in range(episodes)])
+
+    class EvalClock(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.curve: list[list[float]] = []
+            self.excluded = 0.0
+            self.start = 0.0
+
+        def _on_training_start(self) -> None:
+            self.start = time.perf_counter()
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps % eval_every == 0:
+                t0 = time.perf_counter()
+                train_s = t0 - self.start - self.excluded
+                eval_env.seed(seed + 10_000 + len(self.curve))
+                returns, _ = evaluate_policy(
+                    self.model, eval_env, n_eval_episodes=episodes, deterministic=True,
+                    return_episode_rewards=True,
+                )  # fmt: skip
+                self.curve.append([self.num_timesteps, train_s, float(np.mean(returns))])
+                self.excluded += time.perf_counter() - t0
+            return True
+
+    return EvalClock()
+
+
+def _sb3_off_policy(task: dict, seed: int) -> Any:
+    import gymnasium as gym
+    import numpy as np
+    from stable_baselines3 import DQN, SAC, TD3
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    cls = {"dqn": DQN, "sac": SAC, "td3": TD3}[task["algo"]]
+    settings = dict(task["sb3"])
+    env = gym.make(task["env"])
+    if "noise_std" in settings:
+        std, dims = settings.pop("noise_std"), env.action_space.shape
+        settings["action_noise"] = NormalActionNoise(np.zeros(dims), std * np.ones(dims))
+    if isinstance(settings.get("train_freq"), list):
+        settings["train_freq"] = tuple(settings["train_freq"])
+    return cls("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **settings)
+
+
+def _sb3_ppo(task: dict, seed: int) -> Any:
+    """SB3's PPO with the part's settings (its n_envs DummyVecEnv, lin_ schedules)."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    kw = dict(task["sb3"])
+    env = make_vec_env(task["env"], n_envs=kw.pop("n_envs"), seed=seed)
+    for key in ("learning_rate", "clip_range"):
+        if isinstance(kw.get(key), str) and kw[key].startswith("lin_"):
+            start = float(kw[key][4:])
+            kw[key] = lambda progress, start=start: progress * start
+    return PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kw)
+
+
+def worker(task: dict) -> dict:
+    """Run one spawned task in this (fresh) process with one torch thread."""
+    import torch
+
+    torch.set_num_threads(1)
+    if task["part"] in ("contextual", "ppo_contextual"):
+        import contextual
+
+        fn = contextual.run if task["part"] == "contextual" else contextual.run_ppo
+        return fn(**task["args"])
+    if task["part"] == "updates":
+        import update_flops
+
+        return update_flops.measure(task["name"])
+    fn = run_rlstash if task["lib"] == "rlstash" else run_sb3
+    return fn(task["part"], task["seed"], task["budget"])
