@@ -95,7 +95,8 @@ def _per_run(runs: dict, cells: Any, headers: list[str]) -> list[str]:
             if "error" in r:
                 rows.append([seed, lib, r["error"], *[""] * (len(headers) - 3)])
                 continue
-            rows.append([seed, lib, *cells(r), _load(r), r.get("commit", "?")])
+            commit = r.get("commit", "?") if lib == "rlstash" else "—"  # SB3 runs no rlstash code
+            rows.append([seed, lib, *cells(r), _load(r), commit])
     return [markdown_table(["seed", "library", *headers[2:]], rows)]
 
 
