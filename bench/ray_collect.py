@@ -333,7 +333,9 @@ def store_used() -> tuple[float, int]:
     """(MiB in the object store, objects) from Ray's memory summary."""
     from ray._private.internal_api import memory_summary
 
-    text = memory_summary(stats_only=True)
+    import ray
+
+    text = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
     m = re.search(r"Plasma memory usage (\d+) MiB, (\d+) objects", text)
     return (float(m.group(1)), int(m.group(2))) if m else (float("nan"), -1)
 

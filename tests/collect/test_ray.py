@@ -173,6 +173,27 @@ def test_too_many_failures_name_the_actor_node_and_exception(cluster):
         c.close()
 
 
+def test_rate_limiter_holds_collection_back_until_the_learner_samples(cluster):
+    import threading
+
+    from rlstash.ratelimit import RateLimiter
+
+    limiter = RateLimiter(min_size=32, samples_per_insert=1.0, batch_size=32, tolerance=32)
+    c = make(cluster, rate_limiter=limiter)
+    try:
+        for _ in range(2):  # 64 rows: 32 more than samples_per_insert * min_size + tolerance
+            limiter.on_insert(len(c.collect()["reward"]) * c.num_envs)
+        assert not limiter.can_insert(32)
+        threading.Timer(1.5, limiter.on_sample, args=(32,)).start()  # the learner catches up
+        t0 = time.monotonic()
+        c.collect()
+        assert time.monotonic() - t0 >= 1.4
+        with pytest.raises(TypeError, match="state_dict"):
+            c.update_policy_weights([1, 2])
+    finally:
+        c.close()
+
+
 def test_raising_env_and_policy_are_contained(cluster):
     c = make(cluster, env=_Flaky, policy_factory=_FlakyPolicy, num_actors=1, envs_per_actor=1,
              frames_per_batch=4)  # fmt: skip
