@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -179,7 +180,7 @@ def throughput(env_id: str, ks: list[int], reps: int, batches: int) -> str:
             "local pool steps/s",
             "Ray / pool",
             "Ray / in-process",
-            "Ray max over median",
+            "Ray spread (max / median - 1)",
             "driver per env step, chunks ready (its limit)",
         ],  # fmt: skip
         rows,
@@ -331,9 +332,8 @@ def measured_reply_bytes(have_mujoco: bool, have_ale: bool) -> dict[str, float]:
 # --- 4. object store over a longer run ----------------------------------------------------
 def store_used() -> tuple[float, int]:
     """(MiB in the object store, objects) from Ray's memory summary."""
-    from ray._private.internal_api import memory_summary
-
     import ray
+    from ray._private.internal_api import memory_summary
 
     text = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
     m = re.search(r"Plasma memory usage (\d+) MiB, (\d+) objects", text)
@@ -341,8 +341,11 @@ def store_used() -> tuple[float, int]:
 
 
 def soak(seconds: float) -> str:
+    """CartPole with chunks of 1024 steps x 8 envs (240 KiB: larger than Ray's 100 KiB inline
+    limit, so every chunk goes through the object store), a weights update every batch."""
     env_id = "CartPole-v1"
-    obs_dim, out, discrete, n, T = ENVS[env_id]
+    obs_dim, out, discrete, n, _ = ENVS[env_id]
+    T = 1024
     policy = MLP(obs_dim, out, discrete)
     c = RayCollector(
         env_id, functools.partial(MLP, obs_dim, out, discrete), 2, n, 2 * n * T, seed=0
@@ -352,6 +355,7 @@ def soak(seconds: float) -> str:
     extend_s = 0.0
     samples = []
     try:
+        c.collect()  # start-up outside the soak
         t0 = time.monotonic()
         batches = 0
         next_sample = 0.0
@@ -363,22 +367,46 @@ def soak(seconds: float) -> str:
             c.update_policy_weights(policy.state_dict())
             batches += 1
             if time.monotonic() - t0 >= next_sample:
-                samples.append((time.monotonic() - t0, batches, *store_used()))
+                rss = psutil.Process().memory_info().rss
+                samples.append((time.monotonic() - t0, batches, *store_used(), rss))
                 next_sample += max(1.0, seconds / 10)
     finally:
         c.close()
         store.close()
     per_step = extend_s / max(1, batches * 2 * n * T)
     rows = [
-        [f"{t:.0f}", b, f"{b * 2 * n * T:,}", f"{mib:.0f} MiB", objs] for t, b, mib, objs in samples
+        [f"{t:.0f}", b, f"{b * 2 * n * T:,}", f"{mib:.0f} MiB", objs, fmt_bytes(rss)]
+        for t, b, mib, objs, rss in samples
     ]
     table = markdown_table(
-        ["seconds", "batches", "env steps", "object store used", "objects"], rows
+        ["seconds", "batches", "env steps", "object store used", "objects", "driver RSS"], rows
     )
     return table + (
         f"\n\nStreamStorage.extend of these batches in the driver: {per_step * 1e6:.2f} µs per env "
         f"step ({fmt_rate(1 / per_step)} env steps/s of one driver thread)."
     )
+
+
+NOTES = [
+    "## Notes",
+    "",
+    "- Everything here runs on one 2-core machine: K Ray actors, the local pool's workers, the "
+    "driver and Ray's own processes share the same two cores, so these rows measure Ray's "
+    "overhead, not a cluster's scaling; on a cluster each actor brings its own cores and "
+    "steps/s add up until the driver's limit (last column) or the network.",
+    "- 'driver per env step, chunks ready': the time of a `collect()` whose chunks were all "
+    "waiting (ray.wait, ray.get out of the object store, concatenation into the [T, N] batch), "
+    "divided by its env steps: the most one driver thread can assemble, before the learner's "
+    "work and `StreamStorage.extend` (measured in the soak).",
+    "- Bytes per env step, measured: the pickle protocol-5 size (out-of-band buffers included) "
+    "of real actor replies of one chunk (CartPole and HalfCheetah with the MLP policy; Atari: "
+    "ALE Pong with AtariPreprocessing and a 4-frame stack, random actions), divided by its env "
+    "steps; this is what Ray ships between nodes. Weights add one policy state per version "
+    "and actor.",
+    "- RLlib's env runners were not measured: `ray[rllib]` 2.60 pins gymnasium==1.2.2 while "
+    "rlstash runs on gymnasium 1.4, so it needs an environment of its own, and its runners "
+    "step its own RLModule policy stack; not attempted in this session.",
+]
 
 
 def main() -> int:
@@ -427,6 +455,7 @@ def main() -> int:
         )
     finally:
         ray.shutdown()
+    add(*NOTES, "")
     add(f"Wall time {time.time() - start:.0f} s; load average at the end {os.getloadavg()[0]:.2f}.")
     print(f"[ray_collect] wrote {out}")
     return 0
