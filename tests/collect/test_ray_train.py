@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.collect.ray_net import only_loopback
+from tests.procs import die_with_parent
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.multiproc, only_loopback]
 
@@ -42,8 +43,12 @@ def test_train_ray_local_solves_cartpole_and_resumes_with_the_same_command():
         sys.executable, "-m", "rlstash", "train", "--ray", "local", "--ray-actors", "2",
         "--envs", "1", "--quiet", "--run-dir", f"{tmp}/runs", "--checkpoint-every", "2048",
     ]  # fmt: skip
+    first = None
     try:
-        first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        first = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=die_with_parent,
+        )  # fmt: skip
         lines = []
         assert first.stdout is not None
         for line in first.stdout:  # Ctrl-C once a checkpoint exists
@@ -53,7 +58,9 @@ def test_train_ray_local_solves_cartpole_and_resumes_with_the_same_command():
                 break
         out1 = "".join(lines) + first.communicate(timeout=120)[0]
         assert "interrupted at step" in out1, out1
-        second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        second = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=600, preexec_fn=die_with_parent
+        )
         out2 = second.stdout + second.stderr
         assert second.returncode == 0, out2
         assert "resumed at step" in out2 and "solved at step" in out2, out2
@@ -64,4 +71,7 @@ def test_train_ray_local_solves_cartpole_and_resumes_with_the_same_command():
         left = [f for f in os.listdir(tmp) if f.startswith(("rlstash-ray", "ray", "session_"))]
         assert not left, f"Ray left files in the temporary directory: {left}"
     finally:
+        if first is not None and first.poll() is None:
+            first.kill()
+            first.wait()
         shutil.rmtree(tmp, ignore_errors=True)
