@@ -611,3 +611,31 @@ def test_gather_clips_instead_of_reading_out_of_bounds(storage):
     storage.write(slice(0, CAP), b)
     got = storage.gather(np.array([CAP + 5, 3]))  # the caller promised in-range indices
     assert torch.equal(got["action"], b["action"][[CAP - 1, 3]])
+
+
+@pytest.mark.parametrize("start", [0, 3, 6])
+def test_write_lanes_equals_a_write_of_the_lane_rows(start):
+    """write_lanes (a StreamStorage's lanes in lockstep) writes what write() at rows
+    ``e * L + (start + t) % L`` writes, wrapping at the lane's end; a misfit is refused."""
+    spec = {
+        "x": Field((2,), torch.float32),
+        "a": Field((), torch.int64),
+        "h": Field((), torch.bfloat16),
+    }
+    lanes, L, T = 3, 8, 5
+    src = {
+        "x": torch.randn(T * lanes, 2),
+        "a": torch.arange(T * lanes),
+        "h": torch.randn(T * lanes).to(torch.bfloat16),
+    }
+    a, b = TensorStorage(spec, lanes * L), TensorStorage(spec, lanes * L)
+    a.write_lanes(lanes, start, src)
+    rows = (np.arange(lanes)[None, :] * L + (start + np.arange(T))[:, None] % L).reshape(-1)
+    b.write(rows, src)
+    for k in spec:
+        torch.testing.assert_close(a.tensors[k], b.tensors[k], msg=k)
+    for bad_start, bad_lanes in ((L, lanes), (0, 5)):
+        with pytest.raises(ValueError, match="write_lanes"):
+            a.write_lanes(bad_lanes, bad_start, src)
+    with pytest.raises(ValueError, match="missing"):
+        a.write_lanes(lanes, 0, {"x": src["x"]})

@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch.overrides import TorchFunctionMode
 
 from rlstash.core import SampleContext
 from rlstash.storage.stream import NPZ, ReadSpec, StreamStorage
@@ -224,23 +225,48 @@ def streams(draw):
     autoreset = draw(st.sampled_from(["next_step", "same_step"]))
     stacked = draw(st.booleans()) if k > 1 else False
     resets = draw(st.lists(st.sampled_from([0] * 10 + [1, 2]), min_size=T, max_size=T))
-    return n_envs, n_step, k, L, T, ends, autoreset, stacked, resets
+    # steps per extend: single steps and [T, N] chunks, some longer than a lane (split)
+    chunks = draw(st.lists(st.sampled_from([1, 1, 2, 3, 5, 8, 13, 21]), min_size=T, max_size=T))
+    return n_envs, n_step, k, L, T, ends, autoreset, stacked, resets, chunks
+
+
+def chunk_of(batches: list[dict]) -> dict:
+    """Steps ``[N, ...]`` stacked time-major into one ``[T, N, ...]`` chunk."""
+    return {key: np.stack([b[key] for b in batches]) for key in batches[0]}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(streams())
 def test_property_every_valid_start_equals_the_naive_transition(case):
-    n_envs, n_step, k, L, T, ends, autoreset, stacked, resets = case
+    """Steps go in as single steps and as [T, N] chunks (episodes ending mid-chunk, at its
+    last step, truncated; chunks longer than a lane); after every extend ``valid`` equals a
+    recompute from the slot log, and the stream equals one fed the same steps one by one
+    (slots, data and the indices returned, in order)."""
+    n_envs, n_step, k, L, T, ends, autoreset, stacked, resets, chunks = case
     gamma = 0.9
     store = make(n_envs, L, autoreset, n_step, gamma, k, stacked)
+    steps = make(n_envs, L, autoreset, n_step, gamma, k, stacked)  # the same, step by step
     sim = VecSim(n_envs, k, autoreset, stacked)
-    for t in range(T):
+    t = 0
+    while t < T:
         if resets[t]:  # the collector resets every env (1: forgets the last obs, 2: passes it)
-            store.end_episodes(final_obs=sim.collector_reset(with_final=resets[t] == 2))
+            fin = sim.collector_reset(with_final=resets[t] == 2)
+            store.end_episodes(final_obs=fin)
+            steps.end_episodes(final_obs=fin)
             np.testing.assert_array_equal(store.valid, sim.brute_valid(L, n_step, k))
-        store.extend(sim.step(ends[t * n_envs : (t + 1) * n_envs]))
-        # incremental validity equals a full recompute from the slot log, after every step
+        size = min(chunks[t], T - t)
+        if size > 1 and any(resets[t + 1 : t + size]):
+            size = 1 + resets[t + 1 : t + size].index(next(r for r in resets[t + 1 :] if r))
+        batches = [sim.step(ends[(t + j) * n_envs : (t + j + 1) * n_envs]) for j in range(size)]
+        got = store.extend(chunk_of(batches) if size > 1 else batches[0])
+        want = np.concatenate([steps.extend(b) for b in batches])
+        np.testing.assert_array_equal(got, want)  # the slots written, in step order
+        # incremental validity equals a full recompute from the slot log, after every extend
         np.testing.assert_array_equal(store.valid, sim.brute_valid(L, n_step, k))
+        t += size
+    np.testing.assert_array_equal(store.valid, steps.valid)
+    for key, v in store.backing.tensors.items():
+        torch.testing.assert_close(v, steps.backing.tensors[key], msg=key)
     check_against_naive(store, sim, n_step, gamma)
     uids = (
         set(store.read(np.flatnonzero(store.valid))["uid"].tolist()) if store.valid.any() else set()
@@ -358,6 +384,59 @@ def test_chunk_of_t_steps_equals_t_single_steps():
         for key, t in one.backing.tensors.items():
             torch.testing.assert_close(t, chunk.backing.tensors[key])
         check_against_naive(chunk, sim, 2, 0.9)
+
+
+class HostReads(TorchFunctionMode):
+    """Counts the tensor operations that read data on the host (on a GPU each one waits for
+    the device): ``.numpy()``, ``.tolist()``, ``.item()``, ``bool()``, ``.cpu()``, ``.to(cpu)``."""
+
+    NAMES = {"numpy", "tolist", "item", "__bool__", "__int__", "__float__", "__index__", "cpu"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        to_host = name == "to" and "cpu" in [str(a) for a in (*args[1:], *kwargs.values())]
+        self.count += name in self.NAMES or to_host
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("autoreset", ["next_step", "same_step"])
+def test_a_chunk_reads_its_flags_on_the_host_once_not_per_step(autoreset, monkeypatch):
+    """A [T, N] chunk is one extend: its flags reach the host in one call (on a GPU one copy,
+    the only device-to-host read of the write path), and the host reads of an extend do
+    not grow with T."""
+    import rlstash.storage.stream as stream_mod
+
+    flag_reads = []
+    real = stream_mod._host_flags
+
+    def counted(*args):
+        flag_reads.append(args[2])  # T
+        return real(*args)
+
+    monkeypatch.setattr(stream_mod, "_host_flags", counted)
+    reads = {}
+    for T in (2, 16):
+        store = make(3, 64, autoreset, n_step=2)
+        sim = VecSim(3, 1, autoreset, False)
+        rng = np.random.default_rng(T)
+        chunks = [
+            {k: torch.from_numpy(v) for k, v in chunk_of([sim.step(c) for c in codes]).items()}
+            for codes in rng.choice([0, 0, 1, 2], size=(3, T, 3)).tolist()
+        ]
+        store.extend(chunks[0])
+        flag_reads.clear()
+        with HostReads() as mode:
+            for chunk in chunks[1:]:
+                store.extend(chunk)
+        reads[T] = mode.count
+        assert flag_reads == [T, T]  # one host copy of the flags per chunk
+        check_against_naive(store, sim, 2, 0.9)
+    assert reads[2] == reads[16] > 0
 
 
 # ---------------------------------------------------------------------------- validation
@@ -648,16 +727,20 @@ def test_disk_backing_resumes_after_close(tmp_path):
         make(2, 16, "next_step", 2, 0.9, 2, backing="disk", path=path)
 
 
-def test_disk_crash_snapshot_never_reads_overwritten_slots(tmp_path):
+@pytest.mark.parametrize("chunk", [1, 7])
+def test_disk_crash_snapshot_never_reads_overwritten_slots(tmp_path, chunk):
     """Copy the directory mid-run (what a killed process leaves) and reopen the copy: every
-    valid start equals the naive transition (a cut one may be truncated), nothing is torn."""
+    valid start equals the naive transition (a cut one may be truncated), nothing is torn.
+    Chunks of 7 steps grow a lane by more than the 2 slots a save vouches for by default."""
     path = tmp_path / "live"
     store = make(2, 32, "next_step", 1, 0.9, 2, backing="disk", path=path)
     sim = VecSim(2, 2, "next_step", False)
     rng = np.random.default_rng(6)
-    for t, code in enumerate(rng.choice([0, 0, 0, 0, 1, 2], size=(110, 2)).tolist()):
-        store.extend(sim.step(code))
-        if t in (37, 81, 109):
+    codes = rng.choice([0, 0, 0, 0, 1, 2], size=(112, 2)).tolist()
+    for t in range(chunk - 1, len(codes), chunk):
+        batches = [sim.step(c) for c in codes[t - chunk + 1 : t + 1]]
+        store.extend(chunk_of(batches) if chunk > 1 else batches[0])
+        if t in (37, 81, 109, 41, 83, 111):
             snap = tmp_path / f"snap{t}"
             shutil.copytree(path, snap)
             with make(2, 32, "next_step", 1, 0.9, 2, backing="disk", path=snap) as back:

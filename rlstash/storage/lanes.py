@@ -64,45 +64,101 @@ class Lanes:
         return np.maximum(self.floor, self.count - self.L)  # [N]
 
     # ------------------------------------------------------------------ writing
-    def plan(self, term: np.ndarray, trunc: np.ndarray, same_step: bool) -> dict[str, np.ndarray]:
-        """Where one step of the N lanes goes; nothing changes until :meth:`commit`.
+    def plan(self, term: np.ndarray, trunc: np.ndarray, same_step: bool) -> dict[str, Any]:
+        """Where a chunk of ``T`` steps of the N lanes goes (``term``/``trunc`` bool [T, N]);
+        nothing changes until :meth:`commit`. No lane may grow by more than ``L`` slots.
 
-        ``rows`` [N (+ D)]: the slot of each env's obs, then (same-step) the final-obs slots
-        of the ``ended`` lanes [D]. Next-step: a lane whose last step ended an episode gets
-        its final obs now, in a slot that is no start.
+        Every step takes one slot per lane for its obs: ``rows``, ``bits`` and ``ep`` [T, N]
+        (``cols`` [T]: the lane position of every lane when all lanes are in lockstep, as
+        next-step chunks keep them; else None). Next-step: the step after one that ended an
+        episode holds the final obs, a slot that is no start (its flags are dropped).
+        Same-step: each ended step is followed by a final-obs slot of its own: ``fin_rows``
+        and ``fin_ep`` [D] for the ended steps ``ended`` [D] (flat ``t * N + e``, in step
+        order). A lane's episode position restarts after ``cut`` steps (ended steps, or
+        next-step's final-obs steps). ``T`` row operations over N lanes, no per-lane Python.
         """
-        L, k, done = self.L, self.k, term | trunc
-        rows = self.base + self.count % L  # [N]
-        bits = (WRITTEN | START | (TERM * term) | (TRUNC * trunc)).astype(np.uint8)
-        ep = np.minimum(self.next_ep, k - 1)
-        if not same_step:
-            fin = self.pending
-            return dict(
-                rows=rows,
-                bits=np.where(fin, WRITTEN, bits).astype(np.uint8),
-                ep=ep,
-                grow=np.ones(self.num_envs, np.int64),
-                next_ep=np.where(fin, 0, self.next_ep + 1),
-                pending=~fin & done,
-                ended=np.zeros(0, np.int64),
-            )
-        d = np.flatnonzero(done)
-        return dict(
-            rows=np.concatenate([rows, self.base[d] + (self.count[d] + 1) % L]),
-            bits=np.concatenate([bits, np.full(d.size, WRITTEN, np.uint8)]),
-            ep=np.concatenate([ep, np.minimum(self.next_ep[d] + 1, k - 1)]),
-            grow=1 + done.astype(np.int64),
-            next_ep=np.where(done, 0, self.next_ep + 1),
-            pending=self.pending.copy(),
-            ended=d,
+        T, N = term.shape
+        L = self.L
+        done = term | trunc
+        bits = term.view(np.uint8) * np.uint8(TERM)
+        bits |= trunc.view(np.uint8) * np.uint8(TRUNC)
+        bits |= WRITTEN | START
+        pending = self.pending.copy()
+        if same_step:
+            cut = done
+        else:
+            pend = np.empty((T + 1, N), bool)  # pend[t]: step t's obs is a final obs
+            pend[0] = self.pending
+            for t in range(T):
+                np.greater(done[t], pend[t], out=pend[t + 1])  # done, and not a reset step
+            cut, pending = pend[:T], pend[T].copy()
+            bits[cut] = WRITTEN
+        ep = self._positions(cut)
+        start = self.count % L
+        plan: dict[str, Any] = dict(
+            bits=bits, ep=ep[:T], pending=pending, ended=np.zeros(0, np.int64), cols=None
         )
+        # next_ep: T - 1 - (the last cut step), or next_ep + T where no step was cut
+        last = T - 1 - cut[::-1].argmax(0)
+        plan["next_ep"] = np.where(cut.any(0), T - 1 - last, self.next_ep + T)
+        if not same_step:
+            plan["grow"] = np.full(N, T, np.int64)
+            if (start == start[0]).all():
+                plan["cols"] = (start[0] + np.arange(T)) % L
+                plan["rows"] = self.base + plan["cols"][:, None]
+            else:
+                plan["rows"] = self.base + (start + np.arange(T)[:, None]) % L
+            return plan
+        off = np.empty((T, N), np.int64)  # lane position of each step's obs slot (unwrapped)
+        off[0] = start
+        for t in range(1, T):
+            np.add(off[t - 1], 1, out=off[t])
+            off[t] += done[t - 1]  # the final-obs slot of the step before
+        plan["grow"] = off[T - 1] - start + 1 + done[T - 1]
+        plan["rows"] = self.base + off % L
+        at = plan["ended"] = np.flatnonzero(done)
+        plan["fin_rows"] = self.base[at % N] + (off.reshape(-1)[at] + 1) % L
+        plan["fin_ep"] = np.minimum(ep[:T].reshape(-1)[at] + 1, self.k - 1).astype(np.uint8)
+        return plan
 
-    def commit(self, step: Mapping[str, np.ndarray]) -> None:
-        """Record a planned step (its data are written) and update ``valid``."""
-        self.flags[step["rows"]], self.ep[step["rows"]] = step["bits"], step["ep"]
-        self.count += step["grow"]
-        self.next_ep, self.pending = step["next_ep"], step["pending"]
-        self.refresh()
+    def _positions(self, cut: np.ndarray) -> np.ndarray:
+        """Episode positions (clipped to k - 1) of the T + 1 slots from ``next_ep`` on, where
+        ``p[t + 1] = 0 if cut[t] else p[t] + 1``: uint8 [T + 1, N] (zeros when k == 1)."""
+        T, N = cut.shape
+        k = self.k
+        ep = np.zeros((T + 1, N), np.uint8)
+        if k == 1:
+            return ep
+        ep[0] = np.minimum(self.next_ep, k - 1)
+        keep = ~cut
+        for t in range(T):
+            np.add(ep[t], 1, out=ep[t + 1])
+            np.minimum(ep[t + 1], k - 1, out=ep[t + 1])
+            ep[t + 1] *= keep[t]
+        return ep
+
+    @staticmethod
+    def written_order(plan: Mapping[str, Any]) -> np.ndarray:
+        """The slots of a :meth:`plan` in the order the steps wrote them: per step the N obs
+        slots, then the final-obs slots of the envs that ended in it (same-step)."""
+        rows = plan["rows"]
+        at = plan["ended"]
+        if at.size == 0:
+            return rows.reshape(-1)
+        fin = np.full(rows.shape, -1, np.int64)
+        fin.reshape(-1)[at] = plan["fin_rows"]
+        grid = np.concatenate([rows, fin], axis=1)  # [T, 2N]
+        return grid[grid >= 0]
+
+    def commit(self, plan: Mapping[str, Any]) -> None:
+        """Record a planned chunk (its data are written) and update ``valid``."""
+        rows = plan["rows"].reshape(-1)
+        self.flags[rows], self.ep[rows] = plan["bits"].reshape(-1), plan["ep"].reshape(-1)
+        if plan["ended"].size:
+            self.flags[plan["fin_rows"]], self.ep[plan["fin_rows"]] = WRITTEN, plan["fin_ep"]
+        self.count += plan["grow"]
+        self.next_ep, self.pending = plan["next_ep"], plan["pending"]
+        self.refresh(newest=int(plan["grow"].max()) + self.n + 1)
 
     # ------------------------------------------------------------------ validity
     def valid_starts(self, lane: np.ndarray, seq: np.ndarray) -> np.ndarray:
@@ -118,20 +174,58 @@ class Lanes:
         m = np.where(d.any(1), d.argmax(1) + 1, n)  # steps summed
         return ok & (seq + m <= count - 1)
 
-    def refresh(self, sel: np.ndarray | None = None) -> None:
-        """Re-check the starts a step can change in lanes ``sel`` (default all): the newest
-        n + 2 slots (successors written) and the oldest k - 1 (frame history overwritten)."""
-        n, k, L = self.n, self.k, self.L
-        sel = np.arange(self.num_envs) if sel is None else sel
-        count, floor = self.count[sel], self.alive_floor()[sel]
-        seq = np.concatenate(
-            [count[:, None] - 1 - np.arange(n + 2), floor[:, None] + np.arange(k - 1)], axis=1
-        )  # [S, n + k + 1]
-        lane = np.broadcast_to(sel[:, None], seq.shape)
-        alive = (seq >= floor[:, None]) & (seq < count[:, None])
-        lane, seq = lane[alive], seq[alive]
-        self.valid[self.base[lane] + seq % L] = self.valid_starts(lane, seq)
+    def refresh(self, sel: np.ndarray | None = None, newest: int | None = None) -> None:
+        """Re-check the starts a write can change in lanes ``sel`` (default all): the newest
+        ``newest`` slots (default n + 2, what one step changes; a chunk that grew a lane by
+        ``g`` changes its newest ``g + n + 1``) and the oldest k - 1 (frame history
+        overwritten by the ring)."""
+        lanes = np.arange(self.num_envs) if sel is None else np.asarray(sel, np.int64)
+        if lanes.size:
+            self._refresh_newest(lanes, min(self.L, self.n + 2 if newest is None else newest))
+            if self.k > 1:
+                self._refresh_oldest(lanes)
         self.version += 1
+
+    def _refresh_newest(self, lanes: np.ndarray, W: int) -> None:
+        """``valid`` of the newest ``W <= L`` slots of ``lanes`` [S], time-major [W, S].
+
+        Slot ``w`` (``seq = count - W + w``) is valid when it is a start, its frame history is
+        alive and its bootstrap slot ``w + m`` is written (``w + m <= W - 1``), where ``m`` is
+        1 + the first j < n with a done slot ``w + j``, or n. Slots of the window that are
+        not alive (before the floor, or before the lane's first slot: rows not written since)
+        get False at their own row: with W <= L no two slots of a window share a row."""
+        L, n, k = self.L, self.n, self.k
+        count, floor = self.count[lanes], self.alive_floor()[lanes]
+        start = (count - W) % L  # lane position of each window's first slot
+        if (start == start[0]).all():  # lanes in lockstep: W positions to wrap, not W * S
+            rows = self.base[lanes] + ((start[0] + np.arange(W)) % L)[:, None]  # [W, S]
+        else:
+            rows = self.base[lanes] + (start + np.arange(W)[:, None]) % L
+        fl = self.flags[rows]
+        ok = (fl & START) != 0
+        if ((count - W - (k - 1)) < floor).any():  # some frame history may be gone
+            seq = count[None, :] + np.arange(-W, 0)[:, None]
+            ok &= seq - self.ep[rows] >= floor
+        done = (fl & DONE) != 0
+        reach = np.zeros_like(ok)  # the bootstrap slot is written
+        open_ = np.ones_like(ok)  # no done among the slots looked at so far
+        for j in range(min(n, W)):
+            lim = W - j  # slots w < lim have slot w + j written
+            hit = open_[:lim] & done[j:]
+            reach[: lim - 1] |= hit[: lim - 1]  # bootstrap: the slot after the done one
+            open_[:lim] &= ~done[j:]
+        if W > n:
+            reach[: W - n] |= open_[: W - n]  # no done within n steps: slot w + n
+        self.valid[rows] = ok & reach
+
+    def _refresh_oldest(self, lanes: np.ndarray) -> None:
+        """``valid`` of the oldest k - 1 alive slots of ``lanes`` (their history may be gone)."""
+        count, floor = self.count[lanes], self.alive_floor()[lanes]
+        seq = floor[:, None] + np.arange(self.k - 1)  # [S, k - 1]
+        lane = np.broadcast_to(lanes[:, None], seq.shape)
+        alive = seq < count[:, None]
+        lane, seq = lane[alive], seq[alive]
+        self.valid[self.base[lane] + seq % self.L] = self.valid_starts(lane, seq)
 
     def recompute(self) -> None:
         """``valid`` of every slot from scratch; slots not alive are cleared."""

@@ -558,6 +558,39 @@ class TensorStorage(ArrayStorage):
             f"TensorStorage({self.spec!r}, capacity={self.capacity}, device={str(self.device)!r})"
         )
 
+    def write_lanes(self, lanes: int, start: int, batch: Batch) -> None:
+        """Write ``T`` consecutive rows into each of ``lanes`` equal parts of the rows: row
+        ``e * L + (start + t) % L`` (``L = capacity // lanes``) gets row ``t * lanes + e`` of
+        ``batch`` (fields ``[T * lanes, *shape]``, already valid for the spec, ``T <= L``).
+
+        The layout of a :class:`~rlstash.storage.stream.StreamStorage`'s lanes, written by one
+        strided copy per field (two where the run wraps) instead of a scatter of rows.
+        """
+        self._check_open()
+        L = self.capacity // lanes
+        rows = len(next(iter(batch.values())))
+        T = rows // lanes
+        if L * lanes != self.capacity or T * lanes != rows or T > L or not 0 <= start < L:
+            raise ValueError(
+                f"write_lanes: {rows} rows of {lanes} lanes from position {start} do not fit "
+                f"lanes of {L} rows (capacity {self.capacity})"
+            )
+        try:
+            srcs = [_as_tensor(batch[k]).to(self.device) for k in self.tensors]
+        except KeyError as exc:
+            raise ValueError(f"batch: field {exc.args[0]!r} is missing") from None
+        a = min(T, L - start)  # rows before the run wraps to the lane's start
+        if self.order is not None:
+            self.order.before_write()
+        for t, src in zip(self.tensors.values(), srcs):
+            dst = t.view(lanes, L, *t.shape[1:])
+            src = src.reshape(T, lanes, *t.shape[1:]).transpose(0, 1)  # [lanes, T, *shape]
+            dst[:, start : start + a].copy_(src[:, :a])
+            if a < T:
+                dst[:, : T - a].copy_(src[:, a:])
+        if self.order is not None:
+            self.order.after_write()
+
     def state_dict(self) -> dict[str, Any]:
         """``{"kind", "spec", "capacity", "device", "data"}``; CPU data are references, not copies."""
         self._check_open()

@@ -380,11 +380,13 @@ class StreamStorage:
         in order (same-step autoreset also writes a final-obs slot per ended episode).
         """
         self._check_open()
-        steps, finals = self._validate(batch)
+        data, final, T = self._validate(batch)
         if self._cut.any():  # after a resume or a load: new envs, new episodes
             self.end_episodes(self._cut.copy())
-        written = [self._write_step(s, f) for s, f in zip(steps, finals)]
-        return np.concatenate(written) if written else np.zeros(0, np.int64)
+        restarted = data.pop(RESTARTED, None)
+        if restarted is not None and bool(restarted.any()):
+            return self._write_restarted(data, final, T, _host(restarted).reshape(T, -1))
+        return self._write_steps(data, final, T)
 
     def end_episodes(self, envs: Any = None, final_obs: Any = None) -> None:
         """End the current episode of the lanes ``envs`` (all by default; indices or a bool mask).
@@ -423,12 +425,16 @@ class StreamStorage:
         self._cut[sel] = False
 
     def _reserve(self, lanes: np.ndarray, grow: Any) -> None:
-        """Disk: save the bookkeeping first when ``lanes`` would pass the slots it vouches for."""
+        """Disk: save the bookkeeping first when ``lanes`` would pass the slots it vouches for
+        (vouching for at least ``grow`` more)."""
         lanes_, count = self.lanes, self.lanes.count[lanes]
         if self._path is not None and (count + grow > lanes_.reserved[lanes]).any():
-            _persist(self.backing, lanes_, self._path, self._margin, self._config())
+            margin = max(self._margin, int(np.max(grow)))
+            _persist(self.backing, lanes_, self._path, margin, self._config())
 
-    def _validate(self, batch: Mapping[str, Any]) -> tuple[list[Batch], list[Batch | None]]:
+    def _validate(self, batch: Mapping[str, Any]) -> tuple[Batch, Batch | None, int]:
+        """The batch checked and flattened to ``[T * N, ...]`` (time-major): step fields,
+        final obs per obs field (same-step) or None, and ``T``."""
         if not isinstance(batch, Mapping):
             raise TypeError(
                 f"batch: expected a dict of field -> tensor, got {type(batch).__name__}"
@@ -463,16 +469,12 @@ class StreamStorage:
                     f"got {r.dtype} {list(r.shape)}"
                 )
             data[RESTARTED] = r
+        final = None
         if given:
             fspec = Spec({f: self.spec[k] for f, k in finals.items()})
-            final = fspec.validate({f: _flat(f, batch[f], head) for f in finals})
-            data.update(final)
-        N = self.num_envs
-        steps = [
-            {k: v[t * N : (t + 1) * N] for k, v in data.items()} for t in range(len(data[key]) // N)
-        ]
-        fins = [{k: s.pop(f) for f, k in finals.items()} if given else None for s in steps]
-        return steps, fins
+            got = fspec.validate({f: _flat(f, batch[f], head) for f in finals})
+            final = {k: got[f] for f, k in finals.items()}
+        return data, final, len(data[key]) // self.num_envs
 
     def _frames(self, step: Mapping[str, torch.Tensor], rows: np.ndarray | None = None) -> Batch:
         """The stored frame of each obs field: the newest one of a stacked obs."""
@@ -482,38 +484,70 @@ class StreamStorage:
             out[k] = v[:, -1] if self.stacked_input else v
         return out
 
-    def _write_step(self, step: Batch, final: Batch | None) -> np.ndarray:
-        restarted = step.pop(RESTARTED, None)
-        rows = self._write_plain_step(step, final)
-        if restarted is not None and bool(restarted.any()):
-            sel = np.flatnonzero(_host(restarted))
-            done = _host(step["terminated"] | step["truncated"])[sel]
-            # same-step mode wrote a final-obs slot after the ended step: look one further back
-            back = 2 if final is not None else 1
-            self.lanes.drop_restarted(sel[done], back)
-            self.lanes.drop_restarted(sel[~done], 1)
-        return rows
+    def _write_steps(self, data: Batch, final: Batch | None, T: int) -> np.ndarray:
+        """Store ``T`` steps (fields ``[T * N, ...]``, time-major) in chunks that grow no lane
+        by more than its ``L`` slots (so no slot is written twice in one chunk)."""
+        N, per = self.num_envs, self.lane_capacity // (1 if final is None else 2)
+        if T <= per:
+            return self._write_chunk(data, final, T)
+        written = []
+        for a in range(0, T, per):
+            b = min(T, a + per)
+            part = {k: v[a * N : b * N] for k, v in data.items()}
+            fin = None if final is None else {k: v[a * N : b * N] for k, v in final.items()}
+            written.append(self._write_chunk(part, fin, b - a))
+        return np.concatenate(written)
 
-    def _write_plain_step(self, step: Batch, final: Batch | None) -> np.ndarray:
-        lanes = self.lanes
-        plan = lanes.plan(_host(step["terminated"]), _host(step["truncated"]), final is not None)
-        data = {**step, **self._frames(step)}
-        if final is not None:  # same_step: the final obs of each ended episode follows it
-            d = plan["ended"]
-            fin = self._frames(final, d)
-            data = {
-                n: torch.cat(
-                    [
-                        data[n],
-                        fin[n] if n in fin else data[n].new_zeros((d.size, *data[n].shape[1:])),
-                    ]
-                )
+    def _write_chunk(self, data: Batch, final: Batch | None, T: int) -> np.ndarray:
+        """One chunk: its flags reach the host once (one copy off the CPU), the lanes plan
+        all ``T`` steps at once, the step slots are one write and the final-obs slots
+        (same-step) another; returns the slots in the order the steps wrote them."""
+        if T == 0:
+            return np.zeros(0, np.int64)
+        N, lanes = self.num_envs, self.lanes
+        term, trunc = _host_flags(data["terminated"], data["truncated"], T, N)
+        plan = lanes.plan(term, trunc, final is not None)
+        frames = self._frames(data)
+        self._reserve(np.arange(N), plan["grow"])
+        step = {n: frames.get(n, data.get(n)) for n in self.slot_spec}
+        if plan["cols"] is not None and isinstance(self.backing, TensorStorage):
+            self.backing.write_lanes(N, int(plan["cols"][0]), step)  # lanes in lockstep
+        else:
+            self.backing.write(plan["rows"].reshape(-1), step, validate=False)
+        at = plan["ended"]
+        if at.size:  # same_step: the final obs of each ended episode follows its step
+            fin = self._frames(final, at)
+            zeros = {
+                n: data[n].new_zeros((at.size, *data[n].shape[1:]))
                 for n in self.slot_spec
+                if n not in fin
             }
-        self._reserve(np.arange(self.num_envs), plan["grow"])
-        self.backing.write(plan["rows"], {n: data[n] for n in self.slot_spec}, validate=False)
+            self.backing.write(
+                plan["fin_rows"],
+                {n: fin.get(n, zeros.get(n)) for n in self.slot_spec},
+                validate=False,
+            )
         lanes.commit(plan)
-        return plan["rows"]
+        return lanes.written_order(plan)
+
+    def _write_restarted(
+        self, data: Batch, final: Batch | None, T: int, restarted: np.ndarray
+    ) -> np.ndarray:
+        """Steps from a pool whose workers restarted (``restarted`` [T, N] on the host): one
+        step at a time, each followed by undoing the restarted envs' step."""
+        N, written = self.num_envs, []
+        for t in range(T):
+            step = {k: v[t * N : (t + 1) * N] for k, v in data.items()}
+            fin = None if final is None else {k: v[t * N : (t + 1) * N] for k, v in final.items()}
+            written.append(self._write_chunk(step, fin, 1))
+            sel = np.flatnonzero(restarted[t])
+            if sel.size:
+                done = _host(step["terminated"] | step["truncated"])[sel]
+                # same-step mode wrote a final-obs slot after the ended step: look one further back
+                back = 2 if final is not None else 1
+                self.lanes.drop_restarted(sel[done], back)
+                self.lanes.drop_restarted(sel[~done], 1)
+        return np.concatenate(written)
 
     # ------------------------------------------------------------------ reading
     def read(self, index: Index, out: Batch | None = None) -> Batch:
@@ -786,6 +820,17 @@ def _out_for(out: Batch | None, name: str, rows: int, t: torch.Tensor) -> torch.
 
 def _host(t: torch.Tensor) -> np.ndarray:
     return (t if t.device.type == "cpu" else t.to("cpu")).numpy()
+
+
+def _host_flags(
+    term: torch.Tensor, trunc: torch.Tensor, T: int, N: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``terminated``/``truncated`` ``[T * N]`` as host bool arrays ``[T, N]``: views on the
+    CPU; elsewhere one blocking device-to-host copy of both (complete when it returns)."""
+    if term.device.type == "cpu":
+        return term.numpy().reshape(T, N), trunc.numpy().reshape(T, N)
+    both = torch.stack((term, trunc)).to("cpu").numpy()
+    return both[0].reshape(T, N), both[1].reshape(T, N)
 
 
 def transition_step(spec: Spec | Mapping, frame_stack: int) -> tuple[Spec, int, bool]:
