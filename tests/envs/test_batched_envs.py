@@ -180,6 +180,52 @@ def test_both_backends_give_the_same_episodes(monkeypatch):
             torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
 
 
+def test_reset_pool_gives_the_states_of_the_hash_at_every_counter():
+    """The CPU path's pool of initial states (refilled 16 resets at a time, envs at different
+    paces) hands out exactly the state the hash gives for each env's (seed, counter)."""
+    from rlstash.envs.batched.cartpole import CartPoleDynamics
+    from rlstash.envs.batched.core import ResetPool
+
+    ops, dyn, n = NumpyOps(), CartPoleDynamics(torch.float64), 6
+    pool = ResetPool(dyn, ops, n)
+    seeds, resets = np.arange(n, dtype=np.int64) * 7 + 1, np.zeros(n, np.int64)
+    rng = np.random.default_rng(0)
+    refills = 0
+    for _ in range(200):
+        rows = np.flatnonzero(rng.random(n) < np.linspace(0.05, 0.9, n))  # env 5 resets most
+        if rows.size == 0:
+            continue
+        before = pool.base.copy()
+        got = pool.take(seeds, resets, rows)
+        refills += not np.array_equal(before, pool.base)
+        want = dyn.initial(hashed_uniform(seeds[rows], resets[rows], 4, ops), ops)
+        np.testing.assert_array_equal(got, want)
+        resets[rows] += 1
+    assert resets.max() > 8 * ResetPool.B and refills > 8
+
+
+def test_numpy_path_equals_the_torch_path_over_many_resets(monkeypatch):
+    """Hundreds of resets per env (pool refills), a masked reset and a reseed: the CPU path's
+    episodes equal the torch path's, which hashes each reset on the spot."""
+    runs = []
+    for torch_path in (False, True):
+        if torch_path:
+            monkeypatch.setattr(core, "ops_for", lambda device: TorchOps(device))
+        env = CartPoleVectorEnv(num_envs=8, dtype=torch.float64)
+        out = [env.reset(seed=5)[0].clone()]
+        left = torch.zeros(8, dtype=torch.int64)  # episodes of ~10 steps
+        for t in range(400):
+            if t == 150:
+                mask = torch.tensor([True, False] * 4)
+                out.append(env.reset(options={"reset_mask": mask})[0].clone())
+            if t == 250:
+                out.append(env.reset(seed=11)[0].clone())
+            out += [x.clone() for x in env.step(left)[:4]]
+        runs.append(out)
+    for x, y in zip(*runs):
+        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
+
+
 def test_per_env_seeding_is_independent_of_batch_size_and_other_envs():
     small = CartPoleVectorEnv(num_envs=3)
     big = CartPoleVectorEnv(num_envs=300)
