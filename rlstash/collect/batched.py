@@ -12,6 +12,10 @@ tensors on one device (ManiSkill3's ``ManiSkillVectorEnv``, Isaac Lab's envs, rl
 * the only device-to-host copies are the episode returns and lengths that are logged: once
   per batch into pinned memory with ``non_blocking=True``, an event recorded behind the
   copy, and the event waited on before the host reads them (invariant I4);
+* dict observations (Isaac Lab's observation groups, ``{"policy": [N, ...], "critic": ...}``;
+  nested dicts too) go to the policy as the env returns them and into the batch as fields
+  ``obs/<key>`` (``obs/<key>/<subkey>``; same-step final observations ``final_obs/<key>``),
+  the names :class:`~rlstash.storage.stream.StreamStorage` and ``TensorStorage`` specs use;
 * autoreset is the env's: ``metadata["autoreset_mode"]``, or same-step when the env does
   not say (GPU simulators reset ended envs inside ``step``). In same-step mode the final
   observations come from ``info["final_obs"]`` (gymnasium >= 1.0, rlstash envs) or
@@ -21,6 +25,7 @@ tensors on one device (ManiSkill3's ``ManiSkillVectorEnv``, Isaac Lab's envs, rl
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -41,6 +46,17 @@ def env_device(env: Any) -> torch.device | None:
         return torch.device(dev)
     except (TypeError, RuntimeError, ValueError):
         return None
+
+
+def flat_obs(prefix: str, obs: Any) -> dict[str, Any]:
+    """``{prefix: obs}``, or for a dict of observations ``{prefix/key: ...}`` (nested dicts
+    joined by ``/``), in the dict's order."""
+    if not isinstance(obs, Mapping):
+        return {prefix: obs}
+    out: dict[str, Any] = {}
+    for key, value in obs.items():
+        out.update(flat_obs(f"{prefix}/{key}", value))
+    return out
 
 
 def cuda_ops_for(device: torch.device) -> CudaOps | None:
@@ -256,12 +272,25 @@ class BatchedPath:
             )
         self.same_step = mode == "SameStep"
         self.log = EpisodeLog(self.num_envs, device, self.cuda)
-        self.obs: torch.Tensor | None = None
+        self.obs: torch.Tensor | dict[str, Any] | None = None  # as the env returns it
+        self.fields: dict[str, torch.Tensor] = {}  # its tensors by field name (flat_obs)
 
     def reset(self, seed: int | None) -> None:
         obs, _ = self.env.reset(seed=seed)
-        self.obs = self._check("observations", obs)
+        self.obs, self.fields = obs, self._check_obs("observations", "obs", obs)
         self.log.reset()
+
+    def _check_obs(self, name: str, prefix: str, obs: Any) -> dict[str, torch.Tensor]:
+        """The tensors of an observation (a tensor or a dict of them) by field name, checked."""
+        fields = flat_obs(prefix, obs)
+        if len(fields) == 1 and prefix in fields:
+            self._check(name, fields[prefix])
+            return fields
+        if not fields:
+            raise TypeError(f"{name}: got an empty dict; expected tensors on {self.device}")
+        for key, t in fields.items():
+            self._check(f"{name}[{key.partition('/')[2]!r}]", t)
+        return fields
 
     def _check(self, name: str, t: Any) -> torch.Tensor:
         if not isinstance(t, torch.Tensor) or t.device != self.device:
@@ -276,6 +305,10 @@ class BatchedPath:
     @torch.no_grad()
     def act(self, policy: Any, obs: torch.Tensor) -> torch.Tensor:
         """``policy(obs)`` on the env's device, queued behind ``obs`` on the stream."""
+        return self._act(policy, obs)
+
+    def _act(self, policy: Any, obs: torch.Tensor) -> torch.Tensor:
+        """:meth:`act` inside a ``no_grad`` region already."""
         if not self.dedicated:
             return self._checked_policy(policy, obs)
         cuda = self.cuda
@@ -287,7 +320,8 @@ class BatchedPath:
         with cuda.use_stream(self._side):
             actions = self._checked_policy(policy, obs)
         caller.wait_stream(self._side)  # the env steps only after the actions exist
-        cuda.record_stream(obs, self._side)
+        for t in flat_obs("obs", obs).values():
+            cuda.record_stream(t, self._side)
         cuda.record_stream(actions, caller)
         return actions
 
@@ -301,55 +335,69 @@ class BatchedPath:
             )
         return actions
 
+    @torch.no_grad()
     def collect(self, policy: Any, steps: int) -> Batch:
         """``steps`` env steps; returns the ``[T, N, ...]`` batch on the env's device."""
         if self.obs is None:
             raise RuntimeError("collect: reset() first")
-        obs, out = self.obs, None
+        obs, fields = self.obs, self.fields
+        actions = self._act(policy, obs)
+        out = self._allocate(steps, fields, actions)
+        o_t = {k: out[k].unbind(0) for k in fields}  # per-step views of the batch
+        a_t, r_t, term_t, trunc_t = (
+            out[k].unbind(0) for k in ("action", "reward", "terminated", "truncated")
+        )
         for t in range(steps):
-            actions = self.act(policy, obs)
-            if out is None:
-                out = self._allocate(steps, obs, actions)
-            out["obs"][t].copy_(obs)  # before the step: an env may reuse its buffers
-            out["action"][t].copy_(actions)
+            if t:
+                actions = self._act(policy, obs)
+            for k, v in fields.items():
+                o_t[k][t].copy_(v)  # before the step: an env may reuse its buffers
+            a_t[t].copy_(actions)
             next_obs, reward, term, trunc, info = self.env.step(actions)
             if t == 0:
                 for name, value in (("reward", reward), ("terminated", term), ("truncated", trunc)):
                     self._check(name, value)
-            out["reward"][t].copy_(reward)
-            out["terminated"][t].copy_(term)
-            out["truncated"][t].copy_(trunc)
+            r_t[t].copy_(reward)
+            term_t[t].copy_(term)
+            trunc_t[t].copy_(trunc)
             if self.same_step:
-                self._final_obs(out, t, info, out["terminated"][t] | out["truncated"][t])
-            obs = self._check("observations", next_obs)
-        self.obs = obs
-        assert out is not None
+                self._final_obs(out, t, info, term_t[t] | trunc_t[t])
+            obs, fields = next_obs, self._check_obs("observations", "obs", next_obs)
+        self.obs, self.fields = obs, fields
         self.log.add(out["reward"], out["terminated"] | out["truncated"], not self.same_step)
         self.log.flush()
         if "final_missing" in out:
             _refuse_missing_final(out.pop("final_missing"))
         return out
 
-    def _allocate(self, T: int, obs: torch.Tensor, actions: torch.Tensor) -> Batch:
+    def _allocate(self, T: int, fields: dict[str, torch.Tensor], actions: torch.Tensor) -> Batch:
         dev, n = self.device, self.num_envs
-        out = {
-            "obs": torch.empty((T, *obs.shape), dtype=obs.dtype, device=dev),
-            "action": torch.empty((T, *actions.shape), dtype=actions.dtype, device=dev),
-            "reward": torch.empty((T, n), dtype=torch.float32, device=dev),
-            "terminated": torch.empty((T, n), dtype=torch.bool, device=dev),
-            "truncated": torch.empty((T, n), dtype=torch.bool, device=dev),
-        }
+        out = {k: torch.empty((T, *v.shape), dtype=v.dtype, device=dev) for k, v in fields.items()}
+        out.update(
+            action=torch.empty((T, *actions.shape), dtype=actions.dtype, device=dev),
+            reward=torch.empty((T, n), dtype=torch.float32, device=dev),
+            terminated=torch.empty((T, n), dtype=torch.bool, device=dev),
+            truncated=torch.empty((T, n), dtype=torch.bool, device=dev),
+        )
         if self.same_step:
-            out["final_obs"] = torch.zeros((T, *obs.shape), dtype=obs.dtype, device=dev)
+            for k, v in fields.items():
+                out["final_" + k] = torch.zeros((T, *v.shape), dtype=v.dtype, device=dev)
         return out
 
     def _final_obs(self, out: Batch, t: int, info: dict, done: torch.Tensor) -> None:
         for key, mask_key in FINAL_KEYS:
             if key in info:
-                final = self._check(f"info[{key!r}]", info[key])
+                finals = self._check_obs(f"info[{key!r}]", "final_obs", info[key])
+                want = ["final_" + k for k in self.fields]
+                if list(finals) != want:
+                    raise ValueError(
+                        f"info[{key!r}]: expected the observation's fields {want}, got "
+                        f"{list(finals)}; report final observations shaped like observations"
+                    )
                 mask = info.get(mask_key, done)
-                mask = mask.view(-1, *([1] * (final.dim() - 1)))
-                out["final_obs"][t] = torch.where(mask, final, 0)
+                for name, final in finals.items():
+                    m = mask.view(-1, *([1] * (final.dim() - 1)))
+                    out[name][t] = torch.where(m, final, 0)
                 return
         # no final observation given: fine if no episode ended; checked once per batch
         missing = out.get("final_missing")

@@ -29,7 +29,7 @@ same-step mode ``final_obs[t]`` holds the last observation of an episode ending 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,14 +114,15 @@ class Collector:
             yield self.collect()
 
     @property
-    def next_obs(self) -> torch.Tensor:
+    def next_obs(self) -> Any:
         """The observations the next batch starts from, [N, *obs_shape] (after a batch: the
         observation after its last step, which on-policy learners bootstrap from); on the host
-        for host envs, on the env's device (a copy) for batched envs."""
+        for host envs, on the env's device (a copy) for batched envs, a dict of them when the
+        env's observations are dicts."""
         if self._obs is None:
             self.reset()
         if self.batched is not None:
-            return self._obs.clone()
+            return _clone(self._obs)
         return torch.from_numpy(np.array(self._obs, copy=True))
 
     @property
@@ -289,3 +290,10 @@ def _final_obs(next_obs: np.ndarray, info: dict, done: np.ndarray) -> np.ndarray
         for i in np.flatnonzero(mask):
             out[i] = info["final_obs"][i]
     return out
+
+
+def _clone(obs: Any) -> Any:
+    """A copy of a batched env's observation: a tensor, or a (nested) dict of tensors."""
+    if isinstance(obs, Mapping):
+        return {k: _clone(v) for k, v in obs.items()}
+    return obs.clone()
