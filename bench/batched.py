@@ -15,9 +15,9 @@ Runs in the project's ``.venv`` (gymnasium is a dependency; no peers to install)
 2. Collector overhead at 4096 envs: steps/s of the collector loop (a random policy that
    picks one of 64 pre-drawn action vectors on the env's device + env step + batch
    assembly + episode statistics + ``extend``, 16 steps per batch) as a fraction of the
-   env's own step rate (section 1's loop), interleaved; ``extend`` into a TensorStorage ring
-   (plain rows) and into a StreamStorage (lanes; its numpy bookkeeping per step is the
-   difference).
+   env's own step rate (section 1's loop), interleaved; ``extend`` of each [16, N] batch
+   into a StreamStorage (lanes: one chunk, flags read on the host once) and, flattened to
+   rows, into a ``ReplayBuffer`` over a TensorStorage ring (what a user writes).
 3. PPO on rlstash/CartPole-v1 with 1024 envs: env steps and seconds to a mean return of 475
    (only when ``rlstash.agents.ppo`` exists).
 
@@ -41,6 +41,7 @@ import torch  # noqa: E402
 
 import rlstash  # noqa: E402, F401  (registers the ids)
 from rlstash.collect import Collector  # noqa: E402
+from rlstash.replay import ReplayBuffer  # noqa: E402
 from rlstash.spec import Field  # noqa: E402
 from rlstash.storage.ram import TensorStorage  # noqa: E402
 from rlstash.storage.stream import StreamStorage  # noqa: E402
@@ -81,7 +82,7 @@ def collector_runs(n: int, device: str, steps: int = 16) -> dict[str, common.Run
     runs = {"env alone": lambda k: bare(k * steps)}
     spec = {"obs": Field((4,), torch.float32), "action": Field((), torch.int64)}
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    for name in ("collector + StreamStorage", "collector + TensorStorage"):
+    for name in ("collector + StreamStorage", "collector + ReplayBuffer(TensorStorage)"):
         env = gym.make_vec(
             "rlstash/CartPole-v1",
             num_envs=n,
@@ -108,13 +109,10 @@ def collector_runs(n: int, device: str, steps: int = 16) -> dict[str, common.Run
                 "terminated": Field((), torch.bool),
                 "truncated": Field((), torch.bool),
             }
-            ring = TensorStorage(flat, n * 64, device)
-            cursor = [0]
+            rb = ReplayBuffer(TensorStorage(flat, n * 64, device))
 
-            def extend(batch: dict, ring: TensorStorage = ring, cursor: list = cursor) -> None:
-                rows = (np.arange(n * steps) + cursor[0]) % ring.capacity
-                cursor[0] = int(rows[-1] + 1)
-                ring.write(rows, {k: v.reshape(n * steps, *v.shape[2:]) for k, v in batch.items()})
+            def extend(batch: dict, rb: ReplayBuffer = rb) -> None:
+                rb.extend({k: v.reshape(n * steps, *v.shape[2:]) for k, v in batch.items()})
 
         def run(k: int, c: Collector = c, extend=extend) -> None:
             for _ in range(k):
