@@ -12,7 +12,8 @@ Runs in the project's ``.venv`` (gymnasium is a dependency; no peers to install)
    "vector_entry_point")`` (gymnasium's numpy ``CartPoleVectorEnv``), random actions (a bank of
    64 pre-drawn action vectors per env, cycled: the policy's cost is not in this number),
    next-step autoreset on both, timed interleaved (``common.interleaved``), medians.
-2. Collector overhead at 4096 envs: steps/s of the collector loop (a random policy that
+2. Collector overhead at 4096 envs (and a bound: the env plus only the copies the contract
+   requires, step outputs into the batch and the batch into lanes, no bookkeeping): steps/s of the collector loop (a random policy that
    picks one of 64 pre-drawn action vectors on the env's device + env step + batch
    assembly + episode statistics + ``extend``, 16 steps per batch) as a fraction of the
    env's own step rate (section 1's loop), interleaved; ``extend`` of each [16, N] batch
@@ -120,7 +121,48 @@ def collector_runs(n: int, device: str, steps: int = 16) -> dict[str, common.Run
             sync()
 
         runs[name] = run
+    runs["bound: env + the two copies"] = copy_bound(n, device, steps)
     return runs
+
+
+def copy_bound(n: int, device: str, steps: int) -> common.Run:
+    """run(k): the env stepped with the bank's actions, each step's outputs copied into a
+    [steps, N] batch and each batch copied into lanes (``TensorStorage.write_lanes``): the
+    bytes any collector + stream storage must move under the contract (the env may reuse
+    its buffers, the batch is the caller's), with no bookkeeping at all."""
+    env = gym.make_vec(
+        "rlstash/CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point", device=device
+    )
+    obs, _ = env.reset(seed=0)
+    bank = torch.from_numpy(np.random.default_rng(1).integers(0, 2, (BANK, n))).to(device)
+    slots = {"obs": Field((4,), torch.float32), "action": Field((), torch.int64),
+             "reward": Field((), torch.float32)}  # fmt: skip
+    lanes, cursor, state = TensorStorage(slots, n * 64, device), [0], [obs]
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def run(k: int) -> None:
+        for _ in range(k):
+            out = {
+                "obs": torch.empty((steps, n, 4), device=device),
+                "action": torch.empty((steps, n), dtype=torch.int64, device=device),
+                "reward": torch.empty((steps, n), device=device),
+                "terminated": torch.empty((steps, n), dtype=torch.bool, device=device),
+                "truncated": torch.empty((steps, n), dtype=torch.bool, device=device),
+            }
+            for t in range(steps):
+                a = bank[(cursor[0] + t) % BANK]
+                out["obs"][t].copy_(state[0])
+                out["action"][t].copy_(a)
+                state[0], r, term, trunc, _ = env.step(a)
+                out["reward"][t].copy_(r)
+                out["terminated"][t].copy_(term)
+                out["truncated"][t].copy_(trunc)
+            flat = {f: out[f].reshape(n * steps, *out[f].shape[2:]) for f in slots}
+            lanes.write_lanes(n, cursor[0] % 64, flat)
+            cursor[0] = (cursor[0] + steps) % 64
+        sync()
+
+    return run
 
 
 def section_envs(device: str, reps: int, target_s: float) -> tuple[list[list[str]], dict]:

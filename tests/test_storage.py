@@ -639,3 +639,18 @@ def test_write_lanes_equals_a_write_of_the_lane_rows(start):
             a.write_lanes(bad_lanes, bad_start, src)
     with pytest.raises(ValueError, match="missing"):
         a.write_lanes(lanes, 0, {"x": src["x"]})
+
+
+def test_write_lanes_moves_bit_patterns_unchanged():
+    """Rows move as whole words (16 bytes of float32 as one complex128): NaN payloads,
+    signalling NaNs, -0.0 and denormals arrive bit for bit, whatever the row size."""
+    bits = np.array([0x7FC00001, 0x7F800001, 0x80000000, 0x00000001, 0xFF812345, 7], np.uint32)
+    for width in (1, 2, 3, 4, 6):  # rows of 4 .. 24 bytes
+        vals = np.resize(bits, 4 * 2 * width).view(np.float32).reshape(4 * 2, width)
+        spec = {"x": Field((width,), torch.float32)}
+        a = TensorStorage(spec, 4 * 4)
+        a.write_lanes(4, 3, {"x": torch.from_numpy(vals.copy())})
+        got = a.tensors["x"].view(torch.int32).numpy().view(np.uint32).reshape(4, 4, width)
+        want = vals.view(np.uint32).reshape(2, 4, width).transpose(1, 0, 2)
+        np.testing.assert_array_equal(got[:, 3], want[:, 0])  # lane position 3, then 0
+        np.testing.assert_array_equal(got[:, 0], want[:, 1])

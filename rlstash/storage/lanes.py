@@ -153,7 +153,9 @@ class Lanes:
     def commit(self, plan: Mapping[str, Any]) -> None:
         """Record a planned chunk (its data are written) and update ``valid``."""
         rows = plan["rows"].reshape(-1)
-        self.flags[rows], self.ep[rows] = plan["bits"].reshape(-1), plan["ep"].reshape(-1)
+        self.flags[rows] = plan["bits"].reshape(-1)
+        if self.k > 1:  # else every position is 0 (clipped to k - 1)
+            self.ep[rows] = plan["ep"].reshape(-1)
         if plan["ended"].size:
             self.flags[plan["fin_rows"]], self.ep[plan["fin_rows"]] = WRITTEN, plan["fin_ep"]
         self.count += plan["grow"]

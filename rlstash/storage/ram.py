@@ -444,6 +444,22 @@ class ArrayStorage:
                 self.tensors[name].copy_(src)
 
 
+_WORDS = ((16, torch.complex128), (8, torch.int64), (4, torch.int32), (2, torch.int16))
+
+
+def _whole_rows(dst: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``dst`` and ``src`` (same dtype, rows of the same shape) as ``[rows, words]`` of the
+    widest word that divides a row's bytes: a strided copy of rows of 4 float32 runs ~4x
+    faster as one complex128 per row than as 4 floats. Bit patterns only, nothing computed."""
+    row = dst[0].numel() * dst.element_size() if len(dst) else 0
+    word = next((w for size, w in _WORDS if row % size == 0), torch.uint8)
+    src = src.contiguous()
+    return (
+        dst.reshape(len(dst), -1).view(torch.uint8).view(word),
+        src.reshape(len(src), -1).view(torch.uint8).view(word),
+    )
+
+
 def _as_tensor(src: torch.Tensor | np.ndarray) -> torch.Tensor:
     return src if isinstance(src, torch.Tensor) else torch.from_numpy(np.asarray(src))
 
@@ -583,8 +599,9 @@ class TensorStorage(ArrayStorage):
         if self.order is not None:
             self.order.before_write()
         for t, src in zip(self.tensors.values(), srcs):
-            dst = t.view(lanes, L, *t.shape[1:])
-            src = src.reshape(T, lanes, *t.shape[1:]).transpose(0, 1)  # [lanes, T, *shape]
+            dst, src = _whole_rows(t, src.to(t.dtype))
+            dst = dst.view(lanes, L, -1)
+            src = src.view(T, lanes, -1).transpose(0, 1)  # [lanes, T, words]
             dst[:, start : start + a].copy_(src[:, :a])
             if a < T:
                 dst[:, : T - a].copy_(src[:, a:])
