@@ -149,14 +149,15 @@ def copy_bound(n: int, device: str, steps: int) -> common.Run:
                 "terminated": torch.empty((steps, n), dtype=torch.bool, device=device),
                 "truncated": torch.empty((steps, n), dtype=torch.bool, device=device),
             }
+            o, act, rew, te, tr = (v.unbind(0) for v in out.values())  # per-step views
             for t in range(steps):
                 a = bank[(cursor[0] + t) % BANK]
-                out["obs"][t].copy_(state[0])
-                out["action"][t].copy_(a)
+                o[t].copy_(state[0])
+                act[t].copy_(a)
                 state[0], r, term, trunc, _ = env.step(a)
-                out["reward"][t].copy_(r)
-                out["terminated"][t].copy_(term)
-                out["truncated"][t].copy_(trunc)
+                rew[t].copy_(r)
+                te[t].copy_(term)
+                tr[t].copy_(trunc)
             flat = {f: out[f].reshape(n * steps, *out[f].shape[2:]) for f in slots}
             lanes.write_lanes(n, cursor[0] % 64, flat)
             cursor[0] = (cursor[0] + steps) % 64

@@ -99,8 +99,8 @@ class Lanes:
             bits=bits, ep=ep[:T], pending=pending, ended=np.zeros(0, np.int64), cols=None
         )
         # next_ep: T - 1 - (the last cut step), or next_ep + T where no step was cut
-        last = T - 1 - cut[::-1].argmax(0)
-        plan["next_ep"] = np.where(cut.any(0), T - 1 - last, self.next_ep + T)
+        last = np.where(cut, np.arange(T, dtype=np.int32)[:, None], -1).max(0)  # [N]
+        plan["next_ep"] = np.where(last >= 0, T - 1 - last, self.next_ep + T)
         if not same_step:
             plan["grow"] = np.full(N, T, np.int64)
             if (start == start[0]).all():
@@ -183,42 +183,62 @@ class Lanes:
         overwritten by the ring)."""
         lanes = np.arange(self.num_envs) if sel is None else np.asarray(sel, np.int64)
         if lanes.size:
-            self._refresh_newest(lanes, min(self.L, self.n + 2 if newest is None else newest))
+            W = min(self.L, self.n + 2 if newest is None else newest)
+            self._refresh_newest(lanes, W, every=sel is None)
             if self.k > 1:
                 self._refresh_oldest(lanes)
         self.version += 1
 
-    def _refresh_newest(self, lanes: np.ndarray, W: int) -> None:
-        """``valid`` of the newest ``W <= L`` slots of ``lanes`` [S], time-major [W, S].
+    def _refresh_newest(self, lanes: np.ndarray, W: int, every: bool) -> None:
+        """``valid`` of the newest ``W <= L`` slots of ``lanes`` [S], lane-major [S, W].
 
         Slot ``w`` (``seq = count - W + w``) is valid when it is a start, its frame history is
         alive and its bootstrap slot ``w + m`` is written (``w + m <= W - 1``), where ``m`` is
         1 + the first j < n with a done slot ``w + j``, or n. Slots of the window that are
         not alive (before the floor, or before the lane's first slot: rows not written since)
-        get False at their own row: with W <= L no two slots of a window share a row."""
+        get False at their own row: with W <= L no two slots of a window share a row. When
+        ``every`` lane is refreshed and all are in lockstep, the window is a column slice of
+        the ``[N, L]`` views (no row indices)."""
         L, n, k = self.L, self.n, self.k
         count, floor = self.count[lanes], self.alive_floor()[lanes]
         start = (count - W) % L  # lane position of each window's first slot
-        if (start == start[0]).all():  # lanes in lockstep: W positions to wrap, not W * S
-            rows = self.base[lanes] + ((start[0] + np.arange(W)) % L)[:, None]  # [W, S]
+        c0 = int(start[0])
+        lockstep = bool((start == c0).all())
+        if every and lockstep and c0 + W <= L:
+            win: Any = (slice(None), slice(c0, c0 + W))
+            fl, ep, valid = (a.reshape(-1, L)[win] for a in (self.flags, self.ep, self.valid))
         else:
-            rows = self.base[lanes] + (start + np.arange(W)[:, None]) % L
-        fl = self.flags[rows]
+            pos = (c0 + np.arange(W)) % L if lockstep else (start[:, None] + np.arange(W)) % L
+            win = self.base[lanes][:, None] + pos  # [S, W] rows
+            fl, ep, valid = self.flags[win], None, self.valid
         ok = (fl & START) != 0
         if ((count - W - (k - 1)) < floor).any():  # some frame history may be gone
-            seq = count[None, :] + np.arange(-W, 0)[:, None]
-            ok &= seq - self.ep[rows] >= floor
+            seq = count[:, None] + np.arange(-W, 0)
+            ok &= seq - (self.ep[win] if ep is None else ep) >= floor[:, None]
+        if n == 1:  # m = 1 whatever the flags: the next slot must be written
+            ok[:, W - 1] = False
+        else:
+            ok &= self._reach(fl, W)
+        if ep is None:
+            valid[win] = ok
+        else:
+            valid[...] = ok
+
+    def _reach(self, fl: np.ndarray, W: int) -> np.ndarray:
+        """[S, W]: the bootstrap slot ``w + m`` of slot ``w`` of a window of flags ``fl`` is
+        written (``w + m <= W - 1``)."""
+        n = self.n
         done = (fl & DONE) != 0
-        reach = np.zeros_like(ok)  # the bootstrap slot is written
-        open_ = np.ones_like(ok)  # no done among the slots looked at so far
+        reach = np.zeros_like(done)
+        open_ = np.ones_like(done)  # no done among the slots looked at so far
         for j in range(min(n, W)):
             lim = W - j  # slots w < lim have slot w + j written
-            hit = open_[:lim] & done[j:]
-            reach[: lim - 1] |= hit[: lim - 1]  # bootstrap: the slot after the done one
-            open_[:lim] &= ~done[j:]
+            hit = open_[:, :lim] & done[:, j:]
+            reach[:, : lim - 1] |= hit[:, : lim - 1]  # bootstrap: the slot after the done one
+            open_[:, :lim] &= ~done[:, j:]
         if W > n:
-            reach[: W - n] |= open_[: W - n]  # no done within n steps: slot w + n
-        self.valid[rows] = ok & reach
+            reach[:, : W - n] |= open_[:, : W - n]  # no done within n steps: slot w + n
+        return reach
 
     def _refresh_oldest(self, lanes: np.ndarray) -> None:
         """``valid`` of the oldest k - 1 alive slots of ``lanes`` (their history may be gone)."""
