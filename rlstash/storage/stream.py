@@ -36,9 +36,16 @@ first, where frames before the episode's first are its first frame repeated (gym
 
 ``valid`` (bool[capacity]) marks the starts a sampler may return: a start slot whose
 successors up to ``t + m`` are written and whose frame history is still in the lane (not
-overwritten by the ring) unless the episode started within it. It is updated on each step
-for the few slots it can change (O(N (n + k))), never by a full recompute. Samplers get it
-as ``ctx.valid``; windows of consecutive steps follow the lanes through :meth:`window`.
+overwritten by the ring) unless the episode started within it. It is updated on each
+``extend`` for the few slots it can change (O(N (g + n + k)) for a chunk that grew each lane
+by g slots), never by a full recompute. Samplers get it as ``ctx.valid``; windows of
+consecutive steps follow the lanes through :meth:`window`.
+
+A ``[T, N]`` chunk is one write, not T: its ``terminated``/``truncated`` reach the host once
+(views on the CPU; one blocking device-to-host copy for both on a GPU, the write path's only
+host read), :class:`~rlstash.storage.lanes.Lanes` plans the T steps with row operations over
+the N lanes, and the slots are written in one call (one strided copy per field while the
+lanes move in lockstep, as next-step chunks keep them).
 
 Episodes never get stitched: when envs are reset outside the stream (a collector reset, a
 restarted worker) call :meth:`StreamStorage.end_episodes`; after a load or a reopen the
