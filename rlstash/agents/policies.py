@@ -1,6 +1,8 @@
 """Actor-critic networks of PPO: a categorical policy over any number of actions (through the
 chunked action heads of :mod:`rlstash.agents.actions`) and a Gaussian policy with a
 state-independent log std, each beside a separate value network (SB3's MlpPolicy layout).
+Image observations get one Nature CNN shared by actor and critic, each with its own output
+layer on the 512 features (CleanRL's ppo_atari, SB3's CnnPolicy).
 
 Initialisation as SB3/CleanRL (``ortho_init``): orthogonal weights with gain sqrt(2) in hidden
 layers, 0.01 on the policy's output layer and 1 on the value output; zero biases.
@@ -61,12 +63,14 @@ def ortho_(module: nn.Module, gain: float) -> None:
 
 
 class ActorCritic(nn.Module):
-    """An actor trunk (policy features) and a critic (trunk + scalar value head)."""
+    """An actor trunk (policy features) and a critic (trunk + scalar value head); for image
+    observations both use the same trunk (``shared_trunk``)."""
 
     def __init__(self, obs_shape: Sequence[int], net_arch: Sequence[int], activation: str):
         super().__init__()
         self.actor_trunk = trunk(obs_shape, net_arch, activation)
-        critic = trunk(obs_shape, net_arch, activation)
+        self.shared_trunk = is_image(obs_shape)
+        critic = self.actor_trunk if self.shared_trunk else trunk(obs_shape, net_arch, activation)
         self.value_head = nn.Linear(critic.out_dim, 1)
         self.critic = nn.Sequential(critic, self.value_head)
 

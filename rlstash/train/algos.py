@@ -27,9 +27,10 @@ from rlstash.agents.ppo import PPO, PPOConfig
 from rlstash.agents.sac import SAC, SACConfig
 from rlstash.agents.sac_discrete import DiscreteSAC, DiscreteSACConfig
 from rlstash.agents.td3 import TD3, TD3Config
+from rlstash.envs.atari import is_atari
 from rlstash.envs.batched import REFERENCE_IDS
 from rlstash.settings import SettingError
-from rlstash.train.config import LOOP_SETTINGS, TrainConfig
+from rlstash.train.config import LOOP_SETTINGS, RUN_DEFAULTS, TrainConfig
 
 ACTION_KINDS = ("discrete", "continuous")
 
@@ -70,7 +71,7 @@ class Algo:
                 )
         for env_id, preset in self.presets.items():
             known = set(LOOP_SETTINGS).union(
-                *(agent_fields(lr.config) for lr in self.learners.values())
+                RUN_DEFAULTS, *(agent_fields(lr.config) for lr in self.learners.values())
             )
             if set(preset) - known:
                 raise ValueError(
@@ -122,7 +123,7 @@ def resolve(cfg: TrainConfig, act_space: Any) -> tuple[TrainConfig, Any]:
     algo = ALGOS[cfg.algo]
     learner = algo.learner(act_space, cfg.env)
     known = agent_fields(learner.config)
-    preset = algo.presets.get(REFERENCE_IDS.get(cfg.env, cfg.env), {})  # rlstash/X: X's
+    preset = algo.presets.get(preset_key(algo, cfg.env), {})
     given = dict(cfg.agent)
     for key in given:
         if key in LOOP_SETTINGS:
@@ -137,6 +138,8 @@ def resolve(cfg: TrainConfig, act_space: Any) -> tuple[TrainConfig, Any]:
             )  # fmt: skip
     loop = {k: v for k, v in {**algo.loop, **preset}.items() if k in LOOP_SETTINGS}
     loop.update({k: getattr(cfg, k) for k in LOOP_SETTINGS if getattr(cfg, k) is not None})
+    for k, default in RUN_DEFAULTS.items():  # evaluation schedule: given, preset, default
+        loop[k] = getattr(cfg, k) if getattr(cfg, k) is not None else preset.get(k, default)
     agent_values = {k: v for k, v in preset.items() if k in known}
     if cfg.history:
         agent_values["history_hidden"] = 64
@@ -144,6 +147,15 @@ def resolve(cfg: TrainConfig, act_space: Any) -> tuple[TrainConfig, Any]:
     agent_cfg = learner.config(**agent_values, seed=cfg.seed)
     full = {k: v for k, v in dataclasses.asdict(agent_cfg).items() if k in known}
     return dataclasses.replace(cfg, agent=full, **loop), agent_cfg
+
+
+def preset_key(algo: Algo, env_id: str) -> str:
+    """The key of ``env_id``'s preset in ``algo.presets``: the id itself, the reference id of
+    rlstash's batched envs (``rlstash/X``: X's), or ``"atari"`` for any ALE id without its own."""
+    key = REFERENCE_IDS.get(env_id, env_id)
+    if key not in algo.presets and is_atari(key):
+        return "atari"
+    return key
 
 
 # --- the built-in algorithms ---------------------------------------------------------------
@@ -192,6 +204,21 @@ DQN_PRESETS: dict[str, dict[str, Any]] = {
         total_steps=50_000,
     ),
 }
+
+# Any ALE id (rlstash.envs.atari preprocessing, stacks of 4 rebuilt by the stream storage, the
+# Nature CNN): CleanRL's dqn_atari.py (= the RL Zoo's atari DQN but for learning_starts) with
+# - buffer_size 100,000 frames (the RL Zoo's; CleanRL's 1,000,000 is 7 GB of frames, more than
+#   the memory planner grants on a 24 GB machine shared with others; give --buffer-size to raise
+#   it where RAM allows);
+# - target_update_interval 250 updates = CleanRL's 1,000 env steps at train_freq 4;
+# - the Huber loss and gradient-norm clip 10 of SB3 (CleanRL: MSE, no clip), double DQN;
+# - evaluation every 50,000 steps on 10 full games (unclipped score, all lives).
+DQN_PRESETS["atari"] = dict(
+    learning_rate=1e-4, batch_size=32, buffer_size=100_000, learning_starts=80_000,
+    gamma=0.99, n_steps=1, train_freq=4, gradient_steps=1, target_update_interval=250,
+    exploration_fraction=0.1, exploration_final_eps=0.01, total_steps=10_000_000,
+    eval_every=50_000, eval_episodes=10,
+)  # fmt: skip
 
 # Pendulum-v1 starts from the RL Zoo's (hyperparams/sac.yml: lr 1e-3, 20k steps, SB3 defaults
 # otherwise) and changes:
@@ -251,6 +278,16 @@ def _build_ppo(obs_shape: tuple[int, ...], act_space: Any, config: Any, device: 
     return PPO(obs_shape, bounds=(act_space.low, act_space.high), config=config, device=device)
 
 
+# Any ALE id: CleanRL's ppo_atari.py: 8 envs x 128 steps, 4 minibatches (of 256), 4 epochs,
+# lr 2.5e-4 annealed, clip 0.1 (not annealed) on the ratio and the value, entropy 0.01,
+# gradient-norm clip 0.5, one Nature CNN shared by actor and critic (rlstash.agents.policies).
+# CleanRL's value loss is 0.5 * mean(max(...)) times vf_coef 0.5; ours has no 0.5, so 0.25.
+PPO_ATARI: dict[str, Any] = dict(
+    num_envs=8, rollout_steps=128, minibatch_size=256, n_epochs=4, learning_rate=2.5e-4,
+    anneal_lr=True, gamma=0.99, gae_lambda=0.95, clip_range=0.1, clip_range_vf=0.1,
+    ent_coef=0.01, vf_coef=0.25, max_grad_norm=0.5, eval_every=50_000, eval_episodes=10,
+)  # fmt: skip
+
 # PPO collects a rollout and updates on it (rlstash.train.onpolicy): it has no replay, so the
 # replay settings are unused (None); its rollout and minibatch sizes are agent settings
 # (rollout_steps, minibatch_size, num_envs). Presets: PPOConfig.PRESETS (CartPole-v1: the RL
@@ -263,7 +300,7 @@ register(
             "continuous": Learner(PPOConfig, _build_ppo),
         },
         loop=dict.fromkeys(LOOP_SETTINGS),
-        presets={env: dict(p) for env, p in PPOConfig.PRESETS.items()},
+        presets={**{env: dict(p) for env, p in PPOConfig.PRESETS.items()}, "atari": PPO_ATARI},
         help="PPO (Discrete or 1-D Box actions; on-policy: rollouts, no replay)",
     )
 )

@@ -29,7 +29,7 @@ from rlstash.collect.sync import Collector
 from rlstash.ratelimit import RateLimiter
 from rlstash.replay import ReplayBuffer
 from rlstash.spec import Field, Spec
-from rlstash.train import algos, checkpoint, ray_run
+from rlstash.train import algos, checkpoint, ray_run, video
 from rlstash.train.config import STORAGES, TrainConfig
 
 DEFAULT_THRESHOLDS = {"Pendulum-v1": -200.0, "rlstash/Pendulum-v1": -200.0}
@@ -42,6 +42,7 @@ class EnvInfo:
     obs_space: Any
     act_space: Any
     threshold: float | None
+    frame_stack: int = 1  # observations are windows of this many frames (history, Atari)
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Run:
     step: int = 0
     train_seconds: float = 0.0
     evals: list[dict[str, Any]] = field(default_factory=list)
+    recorder: video.Recorder | None = None  # --video: records an episode per evaluation
 
     @property
     def frames_per_collect(self) -> int:
@@ -101,6 +103,8 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
     if is_batched(cfg.env):  # its batches stay on its device: the buffer lives there too
         cfg = dataclasses.replace(cfg, buffer_device=str(device))
     resolve_device(cfg.buffer_device, "buffer_device")
+    if cfg.video:
+        video.check_available()
     step = state["step"] if state else 0
     with contextlib.ExitStack() as undo:  # a refused run closes what it built
         if not run_dir.exists():
@@ -115,7 +119,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
             undo.callback(env.close)
         if state is None:
             spec = step_spec(info.obs_space, info.act_space)
-            rb = make_buffer(cfg, spec, run_dir, agent_cfg.gamma, device)
+            rb = make_buffer(cfg, spec, run_dir, agent_cfg.gamma, device, info.frame_stack)
         else:
             rb = restore_buffer(run_dir, device)
         undo.callback(rb.close)
@@ -133,13 +137,15 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
                 env, agent.act, collect_frames(cfg), device=agent.act_device, seed=cfg.seed + step
             )
         n_eval = min(cfg.eval_episodes, 10)
-        eval_env = make_eval_env(cfg.env, n_eval, cfg.history)
+        recorder = video.Recorder(run_dir / "videos") if cfg.video else None
+        eval_env = make_eval_env(cfg.env, n_eval, cfg.history, recorder)
         undo.callback(eval_env.close)
         eval_collector = Collector(eval_env, agent.act, n_eval, device=agent.act_device)
         threshold = cfg.threshold
         if threshold is None:
             threshold = DEFAULT_THRESHOLDS.get(cfg.env, info.threshold)
         run = Run(cfg, run_dir, threshold, device, env, rb, agent, limiter, collector, eval_collector)  # fmt: skip
+        run.recorder = recorder
         if state is not None:
             agent.load_state_dict(state["agent"])
             limiter.load_state_dict(state["limiter"])
@@ -154,10 +160,16 @@ def probe_env(env_id: str, history: int = 0) -> EnvInfo:
     (:func:`rlstash.envs.history.make_windowed`); plain 1-D Box observations only."""
     import gymnasium as gym
 
+    from rlstash.envs.atari import FRAME_STACK, is_atari, make_atari
     from rlstash.envs.registry import make
 
-    try:
-        env = make(env_id)  # ALE/..., dm_control/..., module:EnvId import their package
+    if history and is_atari(env_id):
+        raise ValueError(
+            f"history: {env_id} already sees stacks of {FRAME_STACK} frames (Atari preprocessing); "
+            "drop --history"
+        )
+    try:  # ALE/..., dm_control/..., module:EnvId import their package; ALE: preprocessed
+        env = make_atari(env_id, train=False) if is_atari(env_id) else make(env_id)
     except gym.error.Error as exc:
         raise ValueError(
             f"env: cannot make {env_id!r} ({exc}); see gymnasium.pprint_registry()"
@@ -188,19 +200,23 @@ def probe_env(env_id: str, history: int = 0) -> EnvInfo:
         from gymnasium.vector.utils import batch_space
 
         obs_space = batch_space(obs_space, history)  # what FrameStackObservation declares
-    return EnvInfo(obs_space, act_space, threshold)
+        return EnvInfo(obs_space, act_space, threshold, history)
+    stack = FRAME_STACK if is_atari(env_id) else 1
+    return EnvInfo(obs_space, act_space, threshold, stack)
 
 
-def _factory(env_id: str, history: int) -> Any:
-    """A picklable env factory (windowed envs with ``history``; the module is torch-free)."""
+def _factory(env_id: str, history: int, train: bool = True, **kwargs: Any) -> Any:
+    """A picklable env factory (windowed envs with ``history``; ALE ids preprocessed for
+    training or evaluation, :mod:`rlstash.envs.atari`; the modules are torch-free)."""
+    from rlstash.envs.atari import is_atari, make_atari
     from rlstash.envs.history import make_windowed
     from rlstash.envs.registry import make
 
-    return (
-        functools.partial(make_windowed, env_id, history)
-        if history
-        else functools.partial(make, env_id)
-    )
+    if is_atari(env_id):
+        return functools.partial(make_atari, env_id, train, **kwargs)
+    if history:
+        return functools.partial(make_windowed, env_id, history, **kwargs)
+    return functools.partial(make, env_id, **kwargs)
 
 
 def is_batched(env_id: str) -> bool:
@@ -225,9 +241,10 @@ def make_vec_env(
     if is_batched(env_id):
         return make_batched_env(env_id, num_envs, workers, device, history)
 
-    source = (
-        _factory(env_id, history) if history else env_id
-    )  # an id: ProcessPoolVectorEnv makes it itself
+    from rlstash.envs.atari import is_atari
+
+    # a plain id: ProcessPoolVectorEnv makes it itself
+    source = _factory(env_id, history) if history or is_atari(env_id) else env_id
     return ProcessPoolVectorEnv(source, num_envs=num_envs, num_workers=workers, seed=seed)
 
 
@@ -265,11 +282,20 @@ def make_batched_env(
     )
 
 
-def make_eval_env(env_id: str, num_envs: int, history: int = 0) -> Any:
-    """Evaluation envs stepped in-process (evaluation is short and must not disturb training)."""
+def make_eval_env(
+    env_id: str, num_envs: int, history: int = 0, recorder: video.Recorder | None = None
+) -> Any:
+    """Evaluation envs stepped in-process (evaluation is short and must not disturb training).
+    ALE ids play full games with unclipped scores; with a ``recorder`` env 0 renders and
+    records the episodes it is asked to (:mod:`rlstash.train.video`)."""
     from gymnasium.vector import SyncVectorEnv
 
-    return SyncVectorEnv([_factory(env_id, history)] * num_envs)
+    factories = [_factory(env_id, history, train=False)] * num_envs
+    if recorder is not None:
+        factories[0] = recorder.wrap(
+            _factory(env_id, history, train=False, render_mode="rgb_array")
+        )
+    return SyncVectorEnv(factories)
 
 
 def make_agent(cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, device: torch.device) -> Any:
@@ -310,19 +336,25 @@ def step_spec(obs_space: Any, act_space: Any) -> Spec:
 
 
 def make_buffer(
-    cfg: TrainConfig, spec: Spec, run_dir: Path, gamma: float, learner_device: torch.device
+    cfg: TrainConfig,
+    spec: Spec,
+    run_dir: Path,
+    gamma: float,
+    learner_device: torch.device,
+    frame_stack: int | None = None,
 ) -> ReplayBuffer:
     """A stream-layout replay buffer (each byte once) on RAM, disk, or GPU-hot/disk-cold tiers,
-    reading ``cfg.n_steps``-step returns with the agent's ``gamma``. With ``cfg.history`` = k > 0
-    observations arrive as windows [k, ...] and only the newest of each is stored; reads
-    rebuild the windows."""
+    reading ``cfg.n_steps``-step returns with the agent's ``gamma``. With ``frame_stack`` = k > 1
+    (default: ``cfg.history``; Atari: 4) observations arrive as windows [k, ...] and only the
+    newest frame of each is stored; reads rebuild the windows."""
     from rlstash.storage import MemmapStorage, ReadSpec, StreamStorage, TensorStorage, TieredStorage
 
     if cfg.storage not in STORAGES:
         raise ValueError(f"storage: expected one of {STORAGES}, got {cfg.storage!r}")
     num_envs, buffer_device = cfg.lanes, resolve_device(cfg.buffer_device, "buffer_device")
     capacity = max(num_envs, cfg.buffer_size // num_envs * num_envs)
-    reads = ReadSpec(n_step=cfg.n_steps, gamma=gamma, frame_stack=cfg.history or 1)
+    k = (cfg.history or 1) if frame_stack is None else frame_stack
+    reads = ReadSpec(n_step=cfg.n_steps, gamma=gamma, frame_stack=k)
     if cfg.storage == "ram":
         backing: Any = "ram"
     elif cfg.storage == "disk":
@@ -338,7 +370,7 @@ def make_buffer(
     device = buffer_device if cfg.storage == "ram" else "cpu"
     st = StreamStorage(
         spec, num_envs, capacity, backing=backing, device=device, path=path, reads=reads,
-        stacked_input=bool(cfg.history),
+        stacked_input=k > 1,
     )  # fmt: skip
     return ReplayBuffer(st, seed=cfg.seed, device=learner_device)
 

@@ -120,11 +120,13 @@ def _toml_line(key: str, value: Any) -> str:
 def cmd_eval(args: argparse.Namespace) -> int:
     from rlstash.train.evaluate import evaluate_run
 
-    out = evaluate_run(Path(args.run), episodes=args.episodes, seed=args.seed)
+    out = evaluate_run(Path(args.run), episodes=args.episodes, seed=args.seed, video=args.video)
     r = out["returns"]
     print(
         f"{args.run}: {len(r)} episodes, return mean {r.mean():.2f} +- {r.std():.2f} (min {r.min():.1f}, max {r.max():.1f}), length mean {out['lengths'].mean():.1f}"
     )
+    for path in out.get("videos", ()):
+        print(f"video: {path}")
     return 0
 
 
@@ -164,4 +166,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("run", help="run directory (runs/<name>)")
     e.add_argument("--episodes", type=int, default=10)
     e.add_argument("--seed", type=int, default=12345)
+    e.add_argument(
+        "--video",
+        action="store_true",
+        help="record the episodes of evaluation env 0 to RUN/videos/*.mp4 (needs rlstash[video])",
+    )
     e.set_defaults(func=cmd_eval)

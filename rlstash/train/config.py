@@ -79,8 +79,16 @@ class TrainConfig:
     device: str = s("auto", "Learner device: auto | cpu | cuda[:N].", group="learner")
     torch_threads: int = s(1, "Torch CPU threads (small networks: 1 is fastest).", group="learner")
     # evaluation, checkpoints, output
-    eval_every: int = s(1000, "Env steps between evaluations.", group="output")
-    eval_episodes: int = s(10, "Episodes per evaluation.", group="output")
+    eval_every: int | None = s(
+        None, "Env steps between evaluations (default: the env's preset, else 1000).",
+        group="output",
+    )  # fmt: skip
+    eval_episodes: int | None = s(
+        None, "Episodes per evaluation (default: the env's preset, else 10).", group="output"
+    )
+    video: bool = s(
+        False, "Record an evaluation episode per evaluation to <run>/videos/*.mp4.", group="output"
+    )
     threshold: float | None = s(
         None, "Stop once evaluations stay at or above this (default: the env's).", group="output"
     )
@@ -95,8 +103,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        for name in ("steps", "envs", "eval_every", "eval_episodes", "checkpoint_every"):
+        for name in ("steps", "envs", "checkpoint_every"):
             _at_least(self, name, 1)
+        for name in RUN_DEFAULTS:
+            if getattr(self, name) is not None:
+                _at_least(self, name, 1)
         for name in ("patience", "torch_threads", "ray_actors"):
             _at_least(self, name, 1)
         for name in ("buffer_size", "n_steps", "batch_size", "train_freq", "gradient_steps"):
@@ -158,3 +169,6 @@ LOOP_SETTINGS = (
     "gradient_steps",
 )
 """The loop settings whose default depends on the algorithm and the env (``None`` = preset)."""
+
+RUN_DEFAULTS = {"eval_every": 1000, "eval_episodes": 10}
+"""Output settings an env's preset may set (``None`` = the preset's, else these)."""

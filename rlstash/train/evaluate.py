@@ -13,14 +13,19 @@ from rlstash.train.config import TrainConfig
 
 
 def evaluate_run(
-    run_dir: Path, episodes: int = 10, seed: int = 12345, device: str = "cpu"
+    run_dir: Path, episodes: int = 10, seed: int = 12345, device: str = "cpu", video: bool = False
 ) -> dict[str, np.ndarray]:
-    """Rebuild the agent of ``run_dir`` from its checkpoint and roll it out deterministically."""
+    """Rebuild the agent of ``run_dir`` from its checkpoint and roll it out deterministically
+    (ALE ids: full games, unclipped score). With ``video`` the episodes of evaluation env 0
+    are recorded to ``<run_dir>/videos/eval-s<seed>-<i>.mp4`` (``out["videos"]``: the paths)."""
+    from rlstash.train import video as videos
+
     ckpt = checkpoint.latest(run_dir)
     if ckpt is None:
         raise ValueError(
             f"run: no complete checkpoint in {run_dir}; train first (rlstash train --name ...)"
         )
+    recorder = videos.Recorder(run_dir / "videos") if video else None  # refuses early
     state = checkpoint.load_state(ckpt)
     cfg = TrainConfig(**state["config"])
     info = builders.probe_env(cfg.env, cfg.history)
@@ -28,9 +33,14 @@ def evaluate_run(
     agent = builders.make_agent(cfg, agent_cfg, info, torch.device(device))
     agent.load_state_dict(state["agent"])
     n = min(episodes, 10)
-    env = builders.make_eval_env(cfg.env, n, cfg.history)
+    env = builders.make_eval_env(cfg.env, n, cfg.history, recorder)
     try:
         collector = Collector(env, agent.act, n, device=agent.act_device)
-        return collector.rollout(agent, episodes=episodes, deterministic=True, seed=seed)
+        if recorder is not None:  # env 0 runs episodes // n of the episodes
+            recorder.request(*(f"eval-s{seed}-{i}" for i in range(episodes // n)))
+        out = collector.rollout(agent, episodes=episodes, deterministic=True, seed=seed)
     finally:
         env.close()
+    if recorder is not None:
+        out["videos"] = np.asarray([str(p) for p in recorder.written])
+    return out

@@ -148,12 +148,18 @@ def _progress_row(run: Run, metrics: dict[str, Any]) -> dict[str, Any]:
 
 def _evaluate(run: Run, log: RunLog) -> None:
     cfg = run.cfg
-    out = run.eval_collector.rollout(
-        run.agent,
-        episodes=cfg.eval_episodes,
-        deterministic=True,
-        seed=cfg.seed + 10_000 + len(run.evals),
-    )
+    if run.recorder is not None:  # --video: the first episode of eval env 0
+        run.recorder.request(f"step-{run.step:09d}")
+    try:
+        out = run.eval_collector.rollout(
+            run.agent,
+            episodes=cfg.eval_episodes,
+            deterministic=True,
+            seed=cfg.seed + 10_000 + len(run.evals),
+        )
+    finally:
+        if run.recorder is not None:
+            run.recorder.cancel()
     returns = out["returns"]
     row = {
         "train_seconds": run.train_seconds,

@@ -36,7 +36,7 @@ from rlstash.collect.sync import Collector
 from rlstash.envs import ProcessPoolVectorEnv
 from rlstash.spec import Field, Spec
 from rlstash.storage.rollout import RolloutStorage
-from rlstash.train import algos, builders, checkpoint
+from rlstash.train import algos, builders, checkpoint, video
 
 ALGOS = ("ppo",)
 
@@ -57,6 +57,7 @@ class OnPolicyRun:
     step: int = 0
     train_seconds: float = 0.0
     evals: list[dict[str, Any]] = field(default_factory=list)
+    recorder: video.Recorder | None = None  # --video: records an episode per evaluation
 
     @property
     def frames_per_collect(self) -> int:
@@ -103,6 +104,8 @@ def build_onpolicy_run(cfg: Any, run_dir: Path, state: dict[str, Any] | None = N
         agent_cfg = dataclasses.replace(agent_cfg, total_steps=cfg.steps)
         cfg = dataclasses.replace(cfg, agent={**cfg.agent, "total_steps": cfg.steps})
     device = builders.resolve_device(cfg.device, "device")
+    if cfg.video:
+        video.check_available()
     step = state["step"] if state else 0
     with contextlib.ExitStack() as undo:  # a refused run closes what it built
         if not run_dir.exists():
@@ -131,14 +134,20 @@ def build_onpolicy_run(cfg: Any, run_dir: Path, state: dict[str, Any] | None = N
             device=device if batched else "cpu", same_step=collector.same_step,
         )  # fmt: skip
         n_eval = min(cfg.eval_episodes, 10)
-        eval_env = ProcessPoolVectorEnv(source, num_envs=n_eval, num_workers=0)
+        eval_sources = [_env_source(cfg.env, info.act_space, agent_cfg, train=False)] * n_eval
+        recorder = video.Recorder(run_dir / "videos") if cfg.video else None
+        if recorder is not None:  # in-process envs: env 0 shares the recorder
+            eval_sources[0] = recorder.wrap(
+                _env_source(cfg.env, info.act_space, agent_cfg, False, render_mode="rgb_array")
+            )
+        eval_env = ProcessPoolVectorEnv(eval_sources, num_workers=0)
         undo.callback(eval_env.close)
         eval_collector = Collector(eval_env, agent.act, n_eval, device=agent.act_device)
         threshold = cfg.threshold
         if threshold is None:
             threshold = builders.DEFAULT_THRESHOLDS.get(cfg.env, info.threshold)
         run = OnPolicyRun(cfg, run_dir, threshold, device, env, agent, rollout, collector,
-                          eval_collector)  # fmt: skip
+                          eval_collector, recorder=recorder)  # fmt: skip
         if state is not None:
             agent.load_state_dict(state["agent"])
             run.step, run.train_seconds, run.evals = step, state["train_seconds"], state["evals"]
@@ -161,15 +170,23 @@ def _check_loop_settings(cfg: Any) -> None:
             raise ValueError(f"{name}: a replay setting, not used by --algo {cfg.algo}; {fix}")
 
 
-def _env_source(env_id: str, act_space: Any, agent_cfg: Any) -> Any:
-    """The env id, or a factory adding ClipAction for a Gaussian policy with bound 'clip'."""
+def _env_source(
+    env_id: str, act_space: Any, agent_cfg: Any, train: bool = True, **kwargs: Any
+) -> Any:
+    """A factory of the run's env: ALE ids preprocessed for training or evaluation
+    (:mod:`rlstash.envs.atari`), ClipAction added for a Gaussian policy with bound 'clip';
+    else the id itself (the pool makes it) unless ``kwargs`` are given."""
     from gymnasium import spaces
 
+    from rlstash.envs.atari import is_atari, make_atari
     from rlstash.envs.history import make_clipped
+    from rlstash.envs.registry import make
 
+    if is_atari(env_id):
+        return functools.partial(make_atari, env_id, train, **kwargs)
     if isinstance(act_space, spaces.Box) and agent_cfg.bound == "clip":
-        return functools.partial(make_clipped, env_id)
-    return env_id
+        return functools.partial(make_clipped, env_id, **kwargs)
+    return functools.partial(make, env_id, **kwargs) if kwargs else env_id
 
 
 def _step_spec(obs_space: Any, act_space: Any) -> Spec:

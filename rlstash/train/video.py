@@ -1,0 +1,117 @@
+"""Evaluation videos: MP4 files of chosen evaluation episodes (``--video``).
+
+One evaluation env (env 0 of the evaluation envs, made with ``render_mode="rgb_array"``) is
+wrapped in :class:`RecordEpisode`; it records nothing until its :class:`Recorder` is asked for
+episodes::
+
+    recorder = Recorder(run_dir / "videos")                      # refuses if imageio is missing
+    env = recorder.wrap(factory)()                               # what make_eval_env does
+    recorder.request("step-00050000")                            # the next episode of env 0 ...
+    ... run the evaluation ...                                   # ... is written on its end
+    recorder.cancel()                                            # nothing left pending
+
+An episode's video holds the frame after reset and one frame per step (``length + 1``
+frames) at the env's ``render_fps`` (Atari: 15, one frame per agent step of 4 frames). Files
+are written with imageio's ffmpeg plugin (``pip install 'rlstash[video]'``), H.264, each
+written whole to a temporary name and renamed, so a file that exists is complete.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+PACKAGES = ("imageio", "imageio_ffmpeg")
+
+
+def check_available() -> None:
+    """Raise a ValueError naming the fix when imageio or its ffmpeg plugin is missing."""
+    missing = [p for p in PACKAGES if importlib.util.find_spec(p) is None]
+    if missing:
+        raise ValueError(
+            f"video: needs {' and '.join(missing)} to write MP4 files, not installed; "
+            "install them with: pip install 'rlstash[video]' (or drop --video)"
+        )
+
+
+class Recorder:
+    """Which episodes of the wrapped env to record, and where (module docstring)."""
+
+    def __init__(self, folder: str | Path):
+        check_available()
+        self.folder = Path(folder)
+        self.pending: list[Path] = []
+        self.written: list[Path] = []
+
+    def request(self, *names: str) -> None:
+        """Record the next ``len(names)`` episodes to ``<folder>/<name>.mp4``."""
+        self.pending = [self.folder / f"{name}.mp4" for name in names]
+
+    def cancel(self) -> None:
+        """Forget requested episodes that have not started."""
+        self.pending = []
+
+    def wrap(self, factory: Callable[[], Any]) -> Callable[[], Any]:
+        """An env factory whose env records the episodes this recorder asks for (the env
+        must render ``rgb_array`` frames). For in-process envs only (it shares ``self``)."""
+        return functools.partial(_recorded, factory, self)
+
+
+def _recorded(factory: Callable[[], Any], recorder: Recorder) -> RecordEpisode:
+    return RecordEpisode(factory(), recorder)
+
+
+class RecordEpisode(gym.Wrapper):
+    """Renders each step of the episodes its recorder requested and writes them as MP4."""
+
+    def __init__(self, env: Any, recorder: Recorder):
+        super().__init__(env)
+        if env.render_mode != "rgb_array":
+            raise ValueError(
+                f"env: video recording needs render_mode='rgb_array', got {env.render_mode!r}"
+            )
+        self.recorder = recorder
+        self.path: Path | None = None
+        self.frames: list[np.ndarray] = []
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict]:
+        obs, info = self.env.reset(**kwargs)
+        self.path, self.frames = None, []
+        if self.recorder.pending:
+            self.path = self.recorder.pending.pop(0)
+            self.frames = [self.env.render()]
+        return obs, info
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self.path is not None:
+            self.frames.append(self.env.render())
+            if terminated or truncated:
+                fps = self.env.metadata.get("render_fps") or 30
+                self.recorder.written.append(write_mp4(self.path, self.frames, fps))
+                self.path, self.frames = None, []
+        return obs, reward, terminated, truncated, info
+
+
+def write_mp4(path: Path, frames: list[np.ndarray], fps: float) -> Path:
+    """Frames [H, W, 3] uint8 -> an H.264 MP4 at ``path`` (written under a temporary name,
+    then renamed)."""
+    import imageio.v2 as imageio
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp.mp4")
+    # macro_block_size 2: keep the frame size (H.264 only needs even sides; imageio pads)
+    with imageio.get_writer(
+        tmp, format="FFMPEG", mode="I", fps=fps, codec="libx264", macro_block_size=2
+    ) as writer:
+        for frame in frames:
+            writer.append_data(np.asarray(frame, dtype=np.uint8))
+    os.replace(tmp, path)
+    return path
