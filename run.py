@@ -7,7 +7,8 @@
 
 Only the Python standard library is used here. Torch is installed first, pinned to the
 CPU build (2.13.0) when no torch is present, so pip never pulls a multi-GB CUDA build
-to satisfy ``torch>=2.4``. Then the package is installed editable with its ``dev`` extra.
+to satisfy ``torch>=2.4``. Then the package is installed editable with its ``dev`` extra (and
+``plots``, ``atari`` and ``video``: Atari ids and --video work, and their tests run).
 The install is redone only when pyproject.toml changes (a stamp file records its hash).
 
 ``test`` without a test selection (no path, ``-m`` or ``-k``) then runs the ``ray`` tests a
@@ -29,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 TORCH_PIN = "torch==2.13.0"
+EXTRAS = "dev,plots,atari,video"
 
 
 def _python() -> Path:
@@ -36,7 +38,7 @@ def _python() -> Path:
 
 
 def _stamp() -> str:
-    text = (ROOT / "pyproject.toml").read_bytes() + TORCH_PIN.encode()
+    text = (ROOT / "pyproject.toml").read_bytes() + TORCH_PIN.encode() + EXTRAS.encode()
     return hashlib.sha256(text).hexdigest()
 
 
@@ -80,8 +82,8 @@ def _install(py: Path, stamp_file: Path) -> Path:
     if not has_torch:
         print(f"[run.py] installing {TORCH_PIN} (CPU build when available)", flush=True)
         _pip(TORCH_PIN)
-    print("[run.py] installing rlstash (editable) with its dev extra", flush=True)
-    _pip("-e", f"{ROOT}[dev,plots]")
+    print(f"[run.py] installing rlstash (editable) with extras {EXTRAS}", flush=True)
+    _pip("-e", f"{ROOT}[{EXTRAS}]")
     stamp_file.write_text(_stamp())
     return py
 

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from rlstash.collect.sync import Collector
-from rlstash.envs import ProcessPoolVectorEnv
+from rlstash.envs import ProcessPoolVectorEnv, registry
 from rlstash.spec import Field, Spec
 from rlstash.storage.rollout import RolloutStorage
 from rlstash.train import algos, builders, checkpoint, video
@@ -134,13 +134,16 @@ def build_onpolicy_run(cfg: Any, run_dir: Path, state: dict[str, Any] | None = N
             device=device if batched else "cpu", same_step=collector.same_step,
         )  # fmt: skip
         n_eval = min(cfg.eval_episodes, 10)
-        eval_sources = [_env_source(cfg.env, info.act_space, agent_cfg, train=False)] * n_eval
+        eval_source = _env_source(cfg.env, info.act_space, agent_cfg, train=False)
         recorder = video.Recorder(run_dir / "videos") if cfg.video else None
         if recorder is not None:  # in-process envs: env 0 shares the recorder
-            eval_sources[0] = recorder.wrap(
-                _env_source(cfg.env, info.act_space, agent_cfg, False, render_mode="rgb_array")
+            recorded = _env_source(
+                cfg.env, info.act_space, agent_cfg, False, render_mode="rgb_array"
             )
-        eval_env = ProcessPoolVectorEnv(eval_sources, num_workers=0)
+            if isinstance(eval_source, str):
+                eval_source = functools.partial(registry.make, eval_source)
+            eval_source = [recorder.wrap(recorded)] + [eval_source] * (n_eval - 1)
+        eval_env = ProcessPoolVectorEnv(eval_source, num_envs=n_eval, num_workers=0)
         undo.callback(eval_env.close)
         eval_collector = Collector(eval_env, agent.act, n_eval, device=agent.act_device)
         threshold = cfg.threshold

@@ -11,7 +11,8 @@ episodes::
     recorder.cancel()                                            # nothing left pending
 
 An episode's video holds the frame after reset and one frame per step (``length + 1``
-frames) at the env's ``render_fps`` (Atari: 15, one frame per agent step of 4 frames). Files
+frames) at the env's ``render_fps`` (Atari: 15, one frame per agent step of 4 frames). Without
+a display MuJoCo envs render through EGL (``MUJOCO_GL=egl`` unless set otherwise). Files
 are written with imageio's ffmpeg plugin (``pip install 'rlstash[video]'``), H.264, each
 written whole to a temporary name and renamed, so a file that exists is complete.
 """
@@ -46,6 +47,8 @@ class Recorder:
 
     def __init__(self, folder: str | Path):
         check_available()
+        if not os.environ.get("DISPLAY"):  # headless: MuJoCo renders through EGL, not a window
+            os.environ.setdefault("MUJOCO_GL", "egl")
         self.folder = Path(folder)
         self.pending: list[Path] = []
         self.written: list[Path] = []
