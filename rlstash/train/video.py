@@ -14,7 +14,7 @@ An episode's video holds the frame after reset and one frame per step (``length 
 frames) at the env's ``render_fps`` (Atari: 15, one frame per agent step of 4 frames). Without
 a display MuJoCo envs render through EGL (``MUJOCO_GL=egl`` unless set otherwise). Files
 are written with imageio's ffmpeg plugin (``pip install 'rlstash[video]'``), H.264, each
-written whole to a temporary name and renamed, so a file that exists is complete.
+replaced atomically, so a file that exists is complete.
 """
 
 from __future__ import annotations
@@ -104,17 +104,22 @@ class RecordEpisode(gym.Wrapper):
 
 
 def write_mp4(path: Path, frames: list[np.ndarray], fps: float) -> Path:
-    """Frames [H, W, 3] uint8 -> an H.264 MP4 at ``path`` (written under a temporary name,
-    then renamed)."""
+    """Frames [H, W, 3] uint8 -> an H.264 MP4 at ``path``, replaced atomically
+    (:func:`rlstash.atomic.write_atomic`: ffmpeg encodes to a scratch file first)."""
+    import tempfile
+
     import imageio.v2 as imageio
 
+    from rlstash.atomic import write_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.mp4")
-    # macro_block_size 2: keep the frame size (H.264 only needs even sides; imageio pads)
-    with imageio.get_writer(
-        tmp, format="FFMPEG", mode="I", fps=fps, codec="libx264", macro_block_size=2
-    ) as writer:
-        for frame in frames:
-            writer.append_data(np.asarray(frame, dtype=np.uint8))
-    os.replace(tmp, path)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".video-") as scratch:
+        tmp = Path(scratch) / path.name
+        # macro_block_size 2: keep the frame size (H.264 only needs even sides; imageio pads)
+        with imageio.get_writer(
+            tmp, format="FFMPEG", mode="I", fps=fps, codec="libx264", macro_block_size=2
+        ) as writer:
+            for frame in frames:
+                writer.append_data(np.asarray(frame, dtype=np.uint8))
+        write_atomic(path, tmp.read_bytes())
     return path
