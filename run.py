@@ -112,7 +112,7 @@ def _ensure_ray(py: Path) -> str | None:
             return None
         print("[run.py] installing the ray extra for the Ray tests", flush=True)
         try:
-            _pip("-e", f"{ROOT}[dev,plots,ray]")
+            _pip("-e", f"{ROOT}[{EXTRAS},ray]")
         except subprocess.CalledProcessError as exc:
             return f"pip could not install the ray extra (exit {exc.returncode})"
         stamp_file.write_text(_stamp())

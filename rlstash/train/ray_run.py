@@ -61,9 +61,11 @@ def make_collector(
 ) -> Any:
     """The run's RayCollector: ``cfg.ray_actors`` actors of ``cfg.envs`` envs each."""
     from rlstash.collect.ray import RayCollector
+    from rlstash.envs.atari import is_atari
     from rlstash.train.builders import _factory
 
-    source = _factory(cfg.env, cfg.history) if cfg.history else cfg.env
+    # windows (--history) and Atari preprocessing are made in the actors' workers
+    source = _factory(cfg.env, cfg.history) if cfg.history or is_atari(cfg.env) else cfg.env
     return RayCollector(
         source,
         functools.partial(actor_policy, cfg, agent_cfg, info),
