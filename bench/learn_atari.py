@@ -384,8 +384,9 @@ def write_report(results: dict) -> Path:
         f"steps on {cfg.get('episodes')} full games.** The issue asks for 200,000 agent steps "
         "x 3 seeds; on this shared 2-core machine that is many hours, so this is a much "
         "smaller budget. At this budget neither side has learned much (DQN's Atari learning "
-        "curves start after ~10^6 frames): the scores compare early behaviour, the speed "
-        "column is the meaningful one.",
+        "curves start after ~10^6 frames): the scores compare early behaviour (a mean of "
+        f"{cfg.get('episodes')} games of one seed is noise-level: random Breakout play scores "
+        "0-4), the speed columns are the meaningful ones.",
         "",
         "Same settings on both sides (agent steps; `target_update_env_steps` is SB3's "
         "`target_update_interval`, rlstash's is in updates = that / train_freq): "
@@ -400,6 +401,8 @@ def write_report(results: dict) -> Path:
         f"{cfg.get('episodes')}`",
         "",
     ]
+    for note in results.get("notes", []):  # remarks on particular runs, kept with the results
+        lines += [note, ""]
     for game in cfg.get("games", []):
         if game in results.get("games", {}):
             lines += game_section(game, results["games"][game])
@@ -437,17 +440,28 @@ def save(results: dict) -> None:
 
 
 def run(games: list[str], seeds: list[int], budget: int, eval_every: int, episodes: int) -> Path:
-    """The whole part (also what bench/learn.py's ``atari`` part calls)."""
+    """The whole part (also what bench/learn.py's ``atari`` part calls). Runs of other seeds
+    saved with the same budget and evaluation schedule are kept (seeds added run by run)."""
+    path = WORK / "learn_atari.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    same = {k: old.get("config", {}).get(k) for k in ("budget", "eval_every", "episodes")} == {
+        "budget": budget, "eval_every": eval_every, "episodes": episodes,
+    }  # fmt: skip
+    kept = old.get("games", {}) if same else {}
+    old_seeds = old["config"]["seeds"].split(",") if same else []
+    all_seeds = sorted({*map(int, old_seeds), *seeds})
+    all_games = list(dict.fromkeys([*(old["config"]["games"] if same else []), *games]))
     results = {
         "machine": machine(),
         "config": {
-            "games": games,
-            "seeds": ",".join(map(str, seeds)),
+            "games": all_games,
+            "seeds": ",".join(map(str, all_seeds)),
             "budget": budget,
             "eval_every": eval_every,
             "episodes": episodes,
         },  # fmt: skip
-        "games": {},
+        "games": kept,
+        "notes": old.get("notes", []) if same else [],
         "updates": spawn({"lib": "updates"}, timeout=3600),
     }
     for seed in seeds:

@@ -55,5 +55,5 @@ def test_two_runs_started_at_once_create_and_install_the_venv_once(tmp_path, mon
         t.join(30)
     assert not errors
     assert results == [tmp_path / ".venv" / "bin" / "python"] * 3
-    assert events == ["create", f"pip -e {tmp_path}[dev,plots]"]  # once, not once per run
+    assert events == ["create", f"pip -e {tmp_path}[{run.EXTRAS}]"]  # once, not once per run
     assert (tmp_path / ".venv" / ".rlstash-stamp").read_text() == run._stamp()
