@@ -21,7 +21,9 @@ suite passes against it except where rlstash deliberately differs
 * Actions outside the action space are refused here, naming the envs, before anything is
   sent (:mod:`rlstash.envs.actions`); AsyncVectorEnv lets the env fail.
 * Custom spaces work with ``shared_memory=True`` (pickled); AsyncVectorEnv raises.
-* ``worker=`` (AsyncVectorEnv's replaceable worker function) does not exist.
+* ``worker=`` (AsyncVectorEnv's replaceable worker function, which speaks gymnasium's pipe
+  protocol) runs the envs in gymnasium's own AsyncVectorEnv behind the pool
+  (:mod:`rlstash.envs.gym_worker`): one process per env, no restarts.
 
 How it works and what else it does:
 
@@ -65,6 +67,7 @@ from gymnasium.vector.utils import batch_space
 from rlstash.envs import auto, batching, config
 from rlstash.envs.backend import Backend
 from rlstash.envs.errors import RestartEvent
+from rlstash.envs.gym_worker import GymWorkerBackend, check_worker
 from rlstash.envs.infos import merge_infos
 from rlstash.envs.inprocess import InProcessBackend
 from rlstash.envs.launch import child_environ
@@ -93,6 +96,7 @@ class ProcessPoolVectorEnv(VectorEnv):
         shared_memory: bool = True,
         daemon: bool = True,
         max_concurrency: int | None = None,
+        worker: Callable | None = None,
     ) -> None:
         """Start the envs.
 
@@ -128,6 +132,10 @@ class ProcessPoolVectorEnv(VectorEnv):
                 and may always start processes of their own (both values behave the same).
             max_concurrency: at most this many envs step at the same time (AsyncVectorEnv's
                 argument): caps ``num_workers``, since each worker steps its envs in turn.
+            worker: AsyncVectorEnv's custom worker function (8 arguments, gymnasium's pipe
+                protocol). Given one, the envs run in gymnasium's AsyncVectorEnv, one process
+                per env (:mod:`rlstash.envs.gym_worker`): no restarts, no torch-free start;
+                ``num_workers`` must be None.
         """
         fns = config.factories(env_fns, num_envs, env_kwargs)
         n = len(fns)
@@ -149,7 +157,15 @@ class ProcessPoolVectorEnv(VectorEnv):
             return ProcessBackend(fns, w, mode, method, environ, timeout, restarts, rng)
 
         self.auto_timing: dict[str, float] = {}
-        if workers == "auto":
+        if worker is not None:
+            check_worker(worker, num_workers)
+            gym_options = {
+                "context": context, "shared_memory": self.shared_memory, "daemon": self.daemon,
+                "observation_mode": obs_mode, "max_concurrency": max_concurrency,
+            }  # fmt: skip
+            backend: Backend = GymWorkerBackend(fns, worker, mode, gym_options)
+            described = auto.start(backend, resolve)
+        elif workers == "auto":
             backend, described, self.auto_timing = auto.choose(
                 fns, mode, restarts, rng, processes, resolve
             )
@@ -158,11 +174,13 @@ class ProcessPoolVectorEnv(VectorEnv):
                 InProcessBackend(fns, mode, restarts, rng) if workers == 0 else processes(workers)
             )
             described = auto.start(backend, resolve)
-        self._backend: Backend = backend
+        self._backend = backend
         self._finalizer = weakref.finalize(self, backend.close)
         self.num_envs = n
         self.num_workers: int = backend.num_workers
-        self.context: str | None = method if backend.num_workers else None
+        self.context: str | None = (
+            context if worker is not None else method if backend.num_workers else None
+        )
         self.step_timeout = timeout
         self.max_restarts = restarts
         self.observation_mode = obs_mode

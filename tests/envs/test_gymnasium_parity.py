@@ -22,6 +22,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 
 from rlstash.envs import ProcessPoolVectorEnv
 from rlstash.envs.errors import SpaceMismatchError, WaitTimeoutError
+from tests.envs.helpers import wait_gone
 
 pytestmark = pytest.mark.multiproc
 
@@ -104,6 +105,56 @@ def test_caller_timeouts_raise_timeout_error_and_restart_nothing():
         _, rewards, *_ = pool.step(np.array([1, 1]))
         assert rewards.tolist() == [2.0, 2.0]  # the timed-out step still happened
     assert issubclass(WaitTimeoutError, TimeoutError)
+
+
+def marking_worker(index, env_fn, pipe, parent_pipe, shared_memory, error_queue, mode, sem):
+    """A custom gymnasium worker (AsyncVectorEnv's ``worker=``): gymnasium's own, which also
+    marks its env (``started_by`` attribute) so a test can see that it ran."""
+    from gymnasium.vector.async_vector_env import _async_worker
+
+    def marked():
+        env = env_fn()
+        env.unwrapped.started_by = f"marking_worker {index}"
+        return env
+
+    _async_worker(index, marked, pipe, parent_pipe, shared_memory, error_queue, mode, sem)
+
+
+@pytest.mark.parametrize("max_concurrency", [None, 2])
+def test_custom_worker_runs_with_gymnasium_protocol(max_concurrency):
+    fns = [lambda: gym.make("CartPole-v1")] * 3
+    ref = SyncVectorEnv(fns)
+    pool = ProcessPoolVectorEnv(fns, worker=marking_worker, max_concurrency=max_concurrency)
+    try:
+        assert pool.num_workers == 3 and len(pool.worker_pids) == 3
+        for (a, _), (b, _) in [(pool.reset(seed=3), ref.reset(seed=3))]:
+            assert data_equivalence(a, b)
+        for _ in range(30):
+            actions = np.array([1, 0, 1])
+            got, want = pool.step(actions), ref.step(actions)
+            assert data_equivalence(got[:4], want[:4])
+        marks = tuple(f"marking_worker {i}" for i in range(3))
+        assert pool.get_attr("started_by") == marks
+        pool.call_async("started_by")
+        assert pool.call_wait(timeout=30) == marks
+        with pytest.raises(ValueError, match=r"actions: 1 action\(s\) outside the action space"):
+            pool.step(np.array([1, 2, 0]))  # checked by the pool, as for its own workers
+        pids = pool.worker_pids
+    finally:
+        pool.close()
+        ref.close()
+    assert wait_gone(pids) == []
+
+
+def test_incompatible_custom_worker_is_refused_as_gymnasium_does():
+    def seven(index, env_fn, pipe, parent_pipe, shared_memory, error_queue, mode):
+        pass
+
+    fns = [lambda: gym.make("CartPole-v1")] * 2
+    with pytest.raises(ValueError, match="A custom `worker` must accept 8 arguments"):
+        ProcessPoolVectorEnv(fns, worker=seven)
+    with pytest.raises(ValueError, match=r"num_workers: expected None with worker="):
+        ProcessPoolVectorEnv(fns, worker=marking_worker, num_workers=2)
 
 
 def test_call_wait_timeout_raises_timeout_error_and_restarts_nothing():
