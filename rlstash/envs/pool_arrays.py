@@ -24,7 +24,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 from rlstash.envs import batching
 from rlstash.envs.actions import check_each, check_leaf, leaf_spaces
 from rlstash.envs.backend import Backend
-from rlstash.envs.shm import assemble, copy_tree, flatten_value, leaf_paths
+from rlstash.envs.shm import assemble, copy_tree, flatten_value, is_fixed_custom, leaf_paths
 
 
 class PoolArrays:
@@ -41,9 +41,8 @@ class PoolArrays:
         self.batched_act_space = batch_space(act_space, n)
         self.obs_pickled, self.act_pickled = layout.obs_pickled, layout.act_pickled
         self.obs_leaves = shared.leaves("obs")
-        self.obs_flat = (
-            self.obs_leaves[0] if not self.obs_pickled and batching.is_flat(obs_space) else None
-        )
+        flat = batching.is_flat(obs_space) and not is_fixed_custom(obs_space)
+        self.obs_flat = self.obs_leaves[0] if not self.obs_pickled and flat else None
         self.final_leaves = shared.leaves("final_obs")
         self.act_leaves = shared.leaves("act")
         self.act_flat = (

@@ -12,7 +12,8 @@ It is a drop-in for ``gymnasium.vector.AsyncVectorEnv``: the same constructor ar
 ``*_async``/``*_wait`` (a caller's ``timeout`` raises ``TimeoutError``), ``call``/``get_attr``/``set_attr``/
 ``render``, ``np_random_seed`` (env i after ``reset(seed=s)``: ``s + i``), gymnasium's error
 classes and messages for out-of-order calls, every space (Text, Graph, Sequence, OneOf and
-custom spaces are pickled), ``metadata["autoreset_mode"]``. gymnasium's own vector-env test
+custom spaces without a fixed shape and dtype are pickled; fixed-size custom observation
+spaces go through shared memory), ``metadata["autoreset_mode"]``. gymnasium's own vector-env test
 suite passes against it except where rlstash deliberately differs
 (``bench/results/gymnasium_suite.md``):
 
@@ -126,8 +127,9 @@ class ProcessPoolVectorEnv(VectorEnv):
                 (same shapes and dtypes, other bounds) or a (batched, single) pair of spaces.
             shared_memory: observations through shared memory (True) or pickled with the
                 workers' replies (False), as in AsyncVectorEnv. Spaces without a fixed array
-                layout (Text, Graph, Sequence, OneOf, custom spaces) are pickled either way
-                (AsyncVectorEnv refuses some of them with ``shared_memory=True``).
+                layout (Text, Graph, Sequence, OneOf, custom spaces without a fixed shape and
+                dtype) are pickled either way (AsyncVectorEnv refuses some of them with
+                ``shared_memory=True``); custom action spaces always are.
             daemon: accepted for AsyncVectorEnv code; workers always end with this process
                 and may always start processes of their own (both values behave the same).
             max_concurrency: at most this many envs step at the same time (AsyncVectorEnv's

@@ -15,6 +15,7 @@ tracker is involved. Workers receive its file descriptor and map it.
 
 from __future__ import annotations
 
+import copy
 import mmap
 import os
 import tempfile
@@ -27,7 +28,11 @@ from gymnasium import spaces
 
 ALIGN = 64
 INFO_COLUMNS = 16  # numbers per env of a step's info carried in shared memory (info_columns)
-SUPPORTED = "Box, Discrete, MultiDiscrete, MultiBinary, and Dict/Tuple of these"
+SUPPORTED = (
+    "Box, Discrete, MultiDiscrete, MultiBinary, custom spaces of fixed shape and dtype, and "
+    "Dict/Tuple of these"
+)
+_VARIABLE = (spaces.Text, spaces.Graph, spaces.Sequence, spaces.OneOf)  # no fixed layout
 
 
 @dataclass(frozen=True)
@@ -53,11 +58,50 @@ def space_leaves(space: spaces.Space, path: tuple[str | int, ...] = ()) -> list[
         return [Leaf(path, (), np.dtype(space.dtype))]
     if isinstance(space, (spaces.Box, spaces.MultiDiscrete, spaces.MultiBinary)):
         return [Leaf(path, tuple(int(d) for d in space.shape), np.dtype(space.dtype))]
+    if is_fixed_custom(space):
+        return [Leaf(path, tuple(space.shape), np.dtype(space.dtype))]
     where = "/".join(map(str, path)) or "<root>"
     raise TypeError(
         f"space at {where}: {type(space).__name__} cannot live in shared memory; "
         f"supported: {SUPPORTED}"
     )
+
+
+def is_fixed_custom(space: spaces.Space) -> bool:
+    """A custom space (a ``Space`` subclass that is none of gymnasium's own) of fixed size:
+    it declares a ``shape`` of ints and a ``dtype``, and a sample (of a copy of it, so its
+    random state is untouched) is a numpy array of that shape and dtype. Its values live in
+    shared memory like a Box's; other custom spaces are pickled."""
+    builtin = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
+    if type(space) is spaces.Space or isinstance(space, (*builtin, *_VARIABLE)):
+        return False
+    if isinstance(space, (spaces.Dict, spaces.Tuple)) or not isinstance(space, spaces.Space):
+        return False
+    shape, dtype = getattr(space, "shape", None), getattr(space, "dtype", None)
+    if shape is None or dtype is None or not all(isinstance(d, int) for d in shape):
+        return False
+    known = _FIXED.get(id(space))
+    if known is not None and known[0] is space:
+        return known[1]
+    try:
+        sample = copy.deepcopy(space).sample()
+    except Exception:  # noqa: BLE001 - a space that cannot sample is not laid out
+        sample = None
+    fixed = isinstance(sample, np.ndarray) and sample.shape == shape and sample.dtype == dtype
+    _FIXED[id(space)] = (space, fixed)  # the space is kept: its id cannot be reused
+    return fixed
+
+
+_FIXED: dict[int, tuple[spaces.Space, bool]] = {}  # custom spaces probed so far
+
+
+def has_custom(space: spaces.Space) -> bool:
+    """Whether a fixed-size custom space is among the leaves of ``space``."""
+    if isinstance(space, spaces.Dict):
+        return any(has_custom(s) for s in space.spaces.values())
+    if isinstance(space, spaces.Tuple):
+        return any(has_custom(s) for s in space.spaces)
+    return is_fixed_custom(space)
 
 
 def leaf_name(prefix: str, leaf: Leaf) -> str:
@@ -84,9 +128,10 @@ class Layout:
     """Every array of a pool in one segment. Picklable: sent to each worker once.
 
     ``obs_pickled``/``act_pickled``: observations (and final observations) / actions of a
-    space without a fixed array layout (Text, Graph, Sequence, OneOf, custom spaces) or, for
-    observations, with ``shared_memory=False``, have no field here: they travel pickled with
-    the replies / STEP messages.
+    space without a fixed array layout (Text, Graph, Sequence, OneOf, custom spaces without a
+    fixed shape and dtype; actions: any custom space) or, for observations, with
+    ``shared_memory=False``, have no field here: they travel pickled with the replies / STEP
+    messages.
     """
 
     num_envs: int
@@ -109,7 +154,8 @@ class Layout:
         ``nbytes = sum over fields of align64(N * prod(shape) * itemsize)``.
         """
         obs_pickled = obs_pickled or not fits_arrays(obs_space)
-        act_pickled = not fits_arrays(act_space)
+        # custom action spaces travel pickled: an env may want its own value type back
+        act_pickled = not fits_arrays(act_space) or has_custom(act_space)
         wanted: list[tuple[str, tuple[int, ...], np.dtype]] = []
         prefixes = ["obs", "final_obs"] if final_obs else ["obs"]
         for prefix in prefixes if not obs_pickled else []:
@@ -241,16 +287,20 @@ def _map(nbytes: int, fd: int | None) -> Any:
 def assemble(space: spaces.Space, arrays: list[np.ndarray], index: Any = slice(None)) -> Any:
     """Nested value (dict/tuple of arrays) from leaf arrays; ``index`` selects rows.
 
-    ``assemble(space, views)`` gives the batched value (views); ``index=i`` one env's value.
+    ``assemble(space, views)`` gives the batched value (views; a custom space's part is a
+    tuple of row views, as gymnasium batches custom spaces); ``index=i`` one env's value.
     """
     it = iter(arrays)
+    batched = not isinstance(index, (int, np.integer))
 
     def build(s: spaces.Space) -> Any:
         if isinstance(s, spaces.Dict):
             return {k: build(sub) for k, sub in s.spaces.items()}
         if isinstance(s, spaces.Tuple):
             return tuple(build(sub) for sub in s.spaces)
-        return next(it)[index]
+        rows = next(it)[index]
+        # a custom space batches as a tuple of per-env values (gymnasium's batch_space)
+        return tuple(rows) if batched and is_fixed_custom(s) else rows
 
     return build(space)
 

@@ -330,3 +330,42 @@ def test_render_call_attributes_unwrapped_as_async_vector_env():
             frames = None
         if frames is not None:
             assert isinstance(frames, tuple) and len(frames) == 2
+
+
+class Vec3(spaces.Space):
+    """A custom space of fixed shape and dtype: its values can live in shared memory."""
+
+    def __init__(self, seed=None):
+        super().__init__((3,), np.float32, seed)
+
+    def sample(self, mask=None, probability=None):
+        return self.np_random.uniform(-1, 1, 3).astype(np.float32)
+
+    def contains(self, x):
+        return isinstance(x, np.ndarray) and x.shape == (3,) and x.dtype == np.float32
+
+    def __eq__(self, other):
+        return isinstance(other, Vec3)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("mode", ["NextStep", "SameStep"])
+def test_fixed_size_custom_space_goes_through_shared_memory(workers, mode):
+    """Observations of a custom space with a fixed shape and dtype are laid out in shared
+    memory (not pickled) and come back as gymnasium batches them: a tuple per env."""
+    for space in (Vec3(), spaces.Dict(v=Vec3(), d=spaces.Discrete(3))):
+        fns = [lambda s=space: SpaceEnv(s, act=spaces.Discrete(2), length=2)] * 3
+        sync = SyncVectorEnv(fns, autoreset_mode=mode)
+        with ProcessPoolVectorEnv(fns, num_workers=workers, autoreset_mode=mode) as pool:
+            assert not pool._arrays.obs_pickled and pool._arrays.shared.leaves("obs")
+            assert pool.observation_space == sync.observation_space
+            obs, _ = pool.reset(seed=5)
+            assert data_equivalence(obs, sync.reset(seed=5)[0])
+            for t in (1, 2):  # the episodes end at step 2 (later resets reseed at random)
+                got, want = pool.step(np.array([1, 0, 1])), sync.step(np.array([1, 0, 1]))
+                if mode == "SameStep" and t == 2:
+                    assert got[4]["_final_obs"].all() and want[4]["_final_obs"].all()
+                    assert data_equivalence(got[4]["final_obs"], want[4]["final_obs"])
+                else:
+                    assert data_equivalence(got[0], want[0])
+        sync.close()
