@@ -69,7 +69,9 @@ class GymWorkerBackend(Backend):
 
     def start(self, resolve: Callable[[list, list], tuple]) -> dict[str, Any]:
         """Start gymnasium's AsyncVectorEnv; lay out the arrays from its spaces."""
-        from gymnasium.vector import AsyncVectorEnv
+        # from its own module: code that swaps gymnasium.vector.AsyncVectorEnv for the pool
+        # (as gymnasium's tests can be pointed at it) must still get gymnasium's class here
+        from gymnasium.vector.async_vector_env import AsyncVectorEnv
 
         opts = dict(self.options)
         self.vec = AsyncVectorEnv(
@@ -110,11 +112,10 @@ class GymWorkerBackend(Backend):
         return ([(0, infos)] if infos else []), []
 
     def step_async(self) -> None:
-        obs_space, act_space = self.single
         if self.shared.layout.act_pickled:
             actions: Any = tuple(self.actions)
         else:
-            actions = copy_tree(assemble(act_space, self.shared.leaves("act")))
+            actions = copy_tree(assemble(self.single[1], self.shared.leaves("act")))
         self.vec.step_async(actions)
 
     def step_wait(self, timeout: float | None) -> tuple[list[tuple[int, dict]], list[int]]:
