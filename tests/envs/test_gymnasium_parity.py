@@ -146,6 +146,18 @@ def test_custom_worker_runs_with_gymnasium_protocol(max_concurrency):
     assert wait_gone(pids) == []
 
 
+def test_custom_worker_when_asyncvectorenv_is_swapped_for_the_pool(monkeypatch):
+    """Code that points gymnasium.vector.AsyncVectorEnv at the pool (as gymnasium's suite was)
+    still gets gymnasium's class behind ``worker=``, not the pool again (no recursion)."""
+    monkeypatch.setattr(gym.vector, "AsyncVectorEnv", ProcessPoolVectorEnv)
+    with gym.vector.AsyncVectorEnv(
+        [lambda: gym.make("CartPole-v1")] * 2, worker=marking_worker
+    ) as pool:
+        assert isinstance(pool, ProcessPoolVectorEnv)
+        pool.reset(seed=0)
+        assert pool.step(np.array([0, 1]))[0].shape == (2, 4)
+
+
 def test_incompatible_custom_worker_is_refused_as_gymnasium_does():
     def seven(index, env_fn, pipe, parent_pipe, shared_memory, error_queue, mode):
         pass
