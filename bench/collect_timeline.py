@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Where a vector step of ProcessPoolVectorEnv spends its wall time: a per-step timeline.
+
+    python3 bench/collect_timeline.py [--env HalfCheetah-v5] [--n 32] [--workers 2]
+                                      [--steps 400] [--out FILE]
+
+Each env is wrapped to record when its ``step`` starts and ends (``time.perf_counter``, one
+clock for all processes on Linux) into a memory-mapped file; the caller records when
+``step_async`` starts and when ``step_wait`` returns. Per step, relative to ``step_async``:
+
+* ``wake w``: when worker w starts its first env step (the STEP message reached it:
+  pipe write, wake-up, read, actions read from shared memory);
+* ``done w``: when worker w ends its last env step; ``envs w``: the sum of its env steps;
+* ``return``: when ``step_wait`` returns (replies read, infos, observation copies);
+* ``between``: the caller's own time until the next ``step_async`` (random actions here).
+
+Medians over the steps after a warm-up. On an idle machine, ``wake`` and ``return - max(done)``
+are the costs of waking processes; ``max(done) - min(done)`` the imbalance between workers. On
+a loaded machine they mostly show other users' work (the load average is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+class TimedEnv(gym.Wrapper):
+    """Writes (start, end) of every ``step`` of env ``index`` into row ``k`` of a memmap."""
+
+    def __init__(self, env: gym.Env, index: int, path: str, shape: tuple[int, int, int]):
+        super().__init__(env)
+        self.index, self.k = index, 0
+        self.marks = np.memmap(path, dtype=np.float64, mode="r+", shape=shape)
+
+    def step(self, action):
+        t0 = time.perf_counter()
+        out = self.env.step(action)
+        if self.k < len(self.marks):
+            self.marks[self.k, self.index] = (t0, time.perf_counter())
+        self.k += 1
+        return out
+
+
+def make(env_id: str, index: int, path: str, shape: tuple[int, int, int]) -> gym.Env:
+    return TimedEnv(gym.make(env_id), index, path, shape)
+
+
+def timeline(env_id: str, n: int, workers: int, steps: int) -> dict[str, float]:
+    """Median microseconds per step of each phase (see the module docstring)."""
+    from rlstash.envs import ProcessPoolVectorEnv
+
+    warm = min(50, steps // 4)
+    with tempfile.TemporaryDirectory() as tmp:
+        path, shape = os.path.join(tmp, "marks"), (steps, n, 2)
+        np.memmap(path, dtype=np.float64, mode="w+", shape=shape).flush()
+        fns = [functools.partial(make, env_id, i, path, shape) for i in range(n)]
+        caller = np.zeros((steps, 2))  # step_async called, step_wait returned
+        with ProcessPoolVectorEnv(fns, num_workers=workers, seed=0) as pool:
+            pool.reset()
+            blocks = [pool.envs_of(w) for w in range(workers)]
+            space = pool.action_space
+            space.seed(0)
+            for k in range(steps):
+                actions = space.sample()
+                t0 = time.perf_counter()
+                pool.step_async(actions)
+                pool.step_wait()
+                caller[k] = (t0, time.perf_counter())
+        marks = np.array(np.memmap(path, dtype=np.float64, mode="r", shape=shape))
+    rows = []
+    for k in range(warm, steps - 1):
+        t0, t1 = caller[k, 0], caller[k, 1]
+        row = {"return": t1 - t0, "between": caller[k + 1, 0] - t1}
+        for w, envs in enumerate(blocks):
+            m = marks[k, envs.start : envs.stop]
+            row[f"wake {w}"] = m[0, 0] - t0
+            row[f"done {w}"] = m[-1, 1] - t0
+            row[f"envs {w}"] = float((m[:, 1] - m[:, 0]).sum())
+        rows.append(row)
+    return {key: float(np.median([r[key] for r in rows])) * 1e6 for key in rows[0]}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--env", default="HalfCheetah-v5")
+    p.add_argument("--n", type=int, default=32)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--out", help="also write the table here (markdown)")
+    args = p.parse_args()
+    if args.steps < 20:
+        p.error(f"--steps: expected >= 20 steps, got {args.steps}")
+    load = os.getloadavg()[0]
+    result = timeline(args.env, args.n, args.workers, args.steps)
+    lines = [
+        f"# Step timeline: {args.env}, {args.n} envs, {args.workers} workers",
+        "",
+        f"`python bench/collect_timeline.py --env {args.env} --n {args.n} --workers "
+        f"{args.workers} --steps {args.steps}`; load average {load:.2f} on "
+        f"{os.cpu_count()} cores. Median microseconds after step_async.",
+        "",
+        "| phase | us |",
+        "| --- | ---: |",
+        *[f"| {key} | {value:.0f} |" for key, value in result.items()],
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    from bench_venv import ensure_bench_venv
+
+    ensure_bench_venv(__file__)
+    sys.exit(main())
