@@ -35,9 +35,6 @@ def check(cfg: TrainConfig) -> None:
             f"ray: expected 'local', 'auto' or a cluster address host:port (or ray://host:port), "
             f"got {cfg.ray!r}; e.g. --ray local"
         )
-    if importlib.util.find_spec("ray") is None:
-        raise ValueError("ray: Ray is not installed; pip install 'rlstash[ray]', or drop --ray")
-
     if cfg.algo in onpolicy.ALGOS:
         raise ValueError(
             f"ray: collection on Ray feeds a replay buffer; --algo {cfg.algo} is on-policy. "
@@ -48,6 +45,8 @@ def check(cfg: TrainConfig) -> None:
             f"ray: {cfg.env} is a batched torch env stepped in this process; drop --ray or use "
             "a gymnasium id"
         )
+    if importlib.util.find_spec("ray") is None:  # last: the settings' own errors come first
+        raise ValueError("ray: Ray is not installed; pip install 'rlstash[ray]', or drop --ray")
 
 
 def _address_ok(address: str) -> bool:
