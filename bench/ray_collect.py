@@ -32,9 +32,11 @@ import importlib.util
 import os
 import pickle
 import re
+import shutil
 import socket
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -427,8 +429,9 @@ def main() -> int:
     have_ale = importlib.util.find_spec("ale_py") is not None
     info = machine_info()
     info["ray"] = ray.__version__
+    tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # Ray's files, removed at the end
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
-             object_store_memory=256 * MiB)  # fmt: skip
+             object_store_memory=256 * MiB, _temp_dir=tmp)  # fmt: skip
     start = time.time()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -455,6 +458,7 @@ def main() -> int:
         )
     finally:
         ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
     add(*NOTES, "")
     add(f"Wall time {time.time() - start:.0f} s; load average at the end {os.getloadavg()[0]:.2f}.")
     print(f"[ray_collect] wrote {out}")

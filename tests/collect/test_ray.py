@@ -7,7 +7,9 @@ Run only inside a loopback-only network namespace (``python3 run.py test`` does 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import time
 
 import numpy as np
@@ -43,16 +45,26 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
+    tmp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths live below it
+    saved = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = tmp  # every node's session, logs, sockets and address file
     args = {"num_cpus": 1, "object_store_memory": 80 * MiB}
-    c = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
     try:
-        c.add_node(num_cpus=2, object_store_memory=80 * MiB)
-        c.wait_for_nodes()
-        c.connect()
-        yield c
+        c = Cluster(initialize_head=True, head_node_args={**args, "include_dashboard": False})
+        try:
+            c.add_node(num_cpus=2, object_store_memory=80 * MiB)
+            c.wait_for_nodes()
+            c.connect()
+            yield c
+        finally:
+            ray.shutdown()
+            c.shutdown()
     finally:
-        ray.shutdown()
-        c.shutdown()
+        if saved is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved
+        shutil.rmtree(tmp, ignore_errors=True)  # sessions, logs, sockets: nothing left in /tmp
 
 
 def make(cluster, **kw):
