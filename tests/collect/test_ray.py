@@ -6,6 +6,7 @@ Run only inside a loopback-only network namespace (``python3 run.py test`` does 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -154,8 +155,12 @@ def test_removed_node_run_goes_on_with_the_rest(cluster):
     c = make(cluster, actor_options={"scheduling_strategy": there})
     try:
         c.collect()
-        assert {i["node_id"] for i in c.actor_info()} == {node.node_id}
-        cluster.remove_node(node, allow_graceful=False)  # the machine is gone
+        victims = c.actor_info()
+        assert {i["node_id"] for i in victims} == {node.node_id}
+        cluster.remove_node(node, allow_graceful=False)  # the machine is gone, and with it
+        for pid in [i["pid"] for i in victims]:  # its processes (an actor can outlive its
+            with contextlib.suppress(ProcessLookupError):  # raylet for a while under load)
+                os.kill(pid, signal.SIGKILL)
         for _ in range(4):
             batch = c.collect()
         assert len(c.restarts) == 2 and {e.node_id for e in c.restarts} == {node.node_id}
