@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 from rlstash.agents.actions import ActionMask
+from rlstash.agents.compiled import FlatAdam, Functional, compiled_step, lerp_, polyak_pairs
 from rlstash.device import resolve_device
 from rlstash.settings import SettingError, check_types, setting
 
@@ -226,21 +227,6 @@ def seeded_init(seed: int) -> Iterator[None]:
         yield
 
 
-def optimize(
-    opt: torch.optim.Optimizer, loss: torch.Tensor, max_grad_norm: float | None = None
-) -> torch.Tensor | float:
-    """zero_grad, backward, clip the global grad norm (if given), step; returns the norm before
-    clipping as a 0-dim tensor on the parameters' device (no host read), or 0.0 unclipped."""
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    norm: torch.Tensor | float = 0.0
-    if max_grad_norm is not None:
-        params = [p for group in opt.param_groups for p in group["params"]]
-        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm).detach()
-    opt.step()
-    return norm
-
-
 def read_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     """The scalar metrics of an ``update`` as host floats, in their order, with one
     device-to-host copy per device (call it when logging: every ~100 updates, not every one).
@@ -260,14 +246,17 @@ def read_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def adam(params: Any, lr: float) -> torch.optim.Adam:
-    """Adam with the fused implementation (one kernel for all parameters; CPU and CUDA since
-    torch 2.4), or the multi-tensor (foreach) one where fused is not supported."""
-    params = list(params)
-    try:
-        return torch.optim.Adam(params, lr=lr, fused=True)
-    except (RuntimeError, ValueError, TypeError):
-        return torch.optim.Adam(params, lr=lr, foreach=True)
+COMPILE_DEFAULT = False
+COMPILE_HELP = (
+    "torch.compile the whole update (forward, backward, Adam, targets) into one step; "
+    "on CUDA also a CUDA graph. Costs a compilation on the first updates (reported)."
+)
+
+
+def flat_adam(agent: Any, *names: str, lr: float, eps: float = 1e-8) -> Any:
+    """A builder of the :class:`FlatAdam` over ``agent.nets[name]`` for ``names`` (for
+    ``AgentBase._setup``; called once the networks are on the learner's device)."""
+    return lambda: FlatAdam([agent.nets[name] for name in names], lr, eps)
 
 
 def make_generator(device: torch.device, seed: int) -> torch.Generator:
@@ -307,12 +296,43 @@ class AgentBase:
         self.act_gen = make_generator(self.act_device, self.seed + 1)
 
     def _setup(
-        self, nets: dict[str, nn.Module], policy_names: tuple[str, ...], optims: dict
+        self, nets: dict[str, nn.Module], policy_names: tuple[str, ...], groups: dict
     ) -> None:
+        """``groups`` maps a name to a function building its :class:`FlatAdam` (a flat vector
+        and fused Adam over some of ``nets``) once the networks are on ``device``."""
         self.nets = {name: net.to(self.device) for name, net in nets.items()}
         self.policy_names = policy_names
-        self.optims = {name: build() for name, build in optims.items()}
+        self._group_builders = groups
+        self.compile_timer = [0.0]  # seconds spent compiling steps (config.compile)
+        self._build_groups()
         self._build_actor()
+
+    def _build_groups(self) -> None:
+        """(Re)build the flat optimizer groups over the current networks; compiled steps are
+        rebuilt on their next call (they read the groups' tensors)."""
+        self.groups: dict[str, FlatAdam] = {n: build() for n, build in self._group_builders.items()}
+        self.optims = {name: group.opt for name, group in self.groups.items()}
+        self.functional = Functional(self.nets, self.groups)
+        self.tau_now = torch.zeros((), device=self.device)  # a compiled step's Polyak weight
+        self._steps: dict[str, Any] = {}
+
+    def _polyak(self, key: str, target: str, source: str) -> None:
+        """In a compiled step: net ``target`` <- lerp toward net ``source`` (of group ``key``)
+        by ``tau_now`` (tau on the updates that move targets, else 0)."""
+        lerp_(*polyak_pairs(self.functional, key, target, source), self.tau_now)
+
+    @property
+    def compile_seconds(self) -> float:
+        """Wall seconds the compiled steps' first calls took (0 without ``compile``)."""
+        return self.compile_timer[0]
+
+    def _compiled(self, name: str, fn: Any) -> Any:
+        """The step ``fn`` compiled once (on its first call) and kept under ``name``; on CUDA
+        also captured into a CUDA graph (:class:`rlstash.agents.compiled.GraphedStep`)."""
+        step = self._steps.get(name)
+        if step is None:
+            step = self._steps[name] = compiled_step(fn, self.device, self.compile_timer)
+        return step
 
     def _shares_actor(self) -> bool:
         """Whether ``act`` runs on the learner's networks (same device) or on a copy."""
@@ -362,6 +382,7 @@ class AgentBase:
             net.load_state_dict(state["nets"][name])
         for name, opt in self.optims.items():  # torch keeps the given tensors: copy them
             opt.load_state_dict(copy.deepcopy(state["optims"][name]))
+        self._steps = {}  # new optimizer state tensors: graphs capture them anew
         self.updates = int(state["counters"]["updates"])
         self.env_steps = int(state["counters"]["env_steps"])
         for key, gen, dev in (
@@ -383,6 +404,7 @@ class AgentBase:
         optim_states = {name: opt.state_dict() for name, opt in self.optims.items()}
         for net in self.nets.values():
             net.to(device)
+        self._build_groups()  # a move breaks the flat vectors' sharing: re-seat them
         for name, opt in self.optims.items():
             opt.load_state_dict(optim_states[name])  # casts state to the params' new device
         if device != self.device:

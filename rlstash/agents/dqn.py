@@ -15,14 +15,15 @@ import torch.nn.functional as F
 
 from rlstash.agents.actions import ActionFeatures, ActionMask, chunked_argmax, sample_uniform
 from rlstash.agents.base import (
+    COMPILE_DEFAULT,
+    COMPILE_HELP,
     AgentBase,
     Batch,
     ConfigMixin,
-    adam,
     check_batch,
     check_common,
+    flat_adam,
     hp,
-    optimize,
     seeded_init,
 )
 from rlstash.agents.nets import make_discrete_net, polyak_update
@@ -57,6 +58,7 @@ class DQNConfig(ConfigMixin):
     action_chunk: int = hp(8192, "Actions scored per chunk; extra memory O(batch * chunk).")
     history_hidden: int = hp(0, "LSTM width over (k, obs_dim) windows; 0 = no LSTM.")
     seed: int = hp(0, "Seed of network init and the agent's torch generators.")
+    compile: bool = hp(COMPILE_DEFAULT, COMPILE_HELP)
 
     def __post_init__(self) -> None:
         self.net_arch = tuple(self.net_arch)
@@ -108,8 +110,8 @@ class DQN(AgentBase):
                 action_features, cfg.learn_action_embeddings, cfg.history_hidden,
             )  # fmt: skip
         target = copy.deepcopy(q).requires_grad_(False)
-        optim = {"q": lambda: adam(self.nets["q"].parameters(), cfg.learning_rate)}
-        self._setup({"q": q, "q_target": target}, ("q",), optim)
+        group = {"q": flat_adam(self, "q", lr=cfg.learning_rate)}
+        self._setup({"q": q, "q_target": target}, ("q",), group)
         self.schedule = epsilon_schedule(
             cfg.exploration_initial_eps, cfg.exploration_final_eps,
             cfg.exploration_fraction, cfg.total_steps,
@@ -170,31 +172,55 @@ class DQN(AgentBase):
     def update(self, batch: Batch) -> dict[str, Any]:
         """One gradient step on L = mean_i w_i Huber(Q(s_i, a_i) - y_i) (y: :meth:`td_target`;
         w: the batch's "weight" or 1), clipped to max_grad_norm; then every
-        target_update_interval updates theta_target <- (1 - tau) theta_target + tau theta."""
+        target_update_interval updates theta_target <- (1 - tau) theta_target + tau theta.
+        With ``config.compile`` the same loss runs as one compiled step (:meth:`_step`)."""
         cfg = self.config
         check_batch(
             batch, obs_shape=self.obs_shape, device=self.device, n_actions=self.n_actions,
             values=self._values_due(),
         )  # fmt: skip
-        q_net, target = self.nets["q"], self.nets["q_target"]
-        y = self.td_target(batch)  # [B]
+        if cfg.lr_schedule != "constant":
+            self.groups["q"].set_lr(self.learning_rate)
+        self.updates += 1
+        due = self.updates % cfg.target_update_interval == 0
+        if cfg.compile:
+            self.tau_now.fill_(cfg.tau if due else 0.0)  # the step's Polyak weight
+            out = self._compiled("update", self._step)(batch)
+        else:
+            y = self.td_target(batch)  # [B]
+            loss, q = self._loss(batch, y)
+            grad_norm = self.groups["q"].step(loss, cfg.max_grad_norm)
+            if due:
+                polyak_update(self.nets["q_target"], self.nets["q"], cfg.tau)
+            out = self._metrics(loss, q, y, grad_norm)
+        return {**out, "epsilon": self.epsilon, "learning_rate": self.learning_rate}
+
+    def _loss(self, batch: Batch, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(L, Q(s, a) [B]) for the targets y [B]."""
+        q_net = self.nets["q"]
         q = q_net.head.score_actions(q_net.embed(batch["obs"]), batch["action"])  # [B]
         per_sample = F.smooth_l1_loss(q, y, reduction="none")  # [B]
         if "weight" in batch:
             per_sample = per_sample * batch["weight"]
-        loss = per_sample.mean()
-        if cfg.lr_schedule != "constant":
-            for group in self.optims["q"].param_groups:
-                group["lr"] = self.learning_rate
-        grad_norm = optimize(self.optims["q"], loss, cfg.max_grad_norm)
-        self.updates += 1
-        if self.updates % cfg.target_update_interval == 0:
-            polyak_update(target, q_net, cfg.tau)
+        return per_sample.mean(), q
+
+    def _step(self, batch: Batch) -> dict[str, Any]:
+        """The eager update's arithmetic as a function of tensors (compiled): the gradient by
+        ``torch.func`` through :meth:`_loss`, Adam and the target lerp in place."""
+        fn = self.functional
+        y = fn.call(self.td_target, None, None, batch)  # [B]
+        grad, (loss, q) = fn.grad(self._loss, "q", batch, y)
+        grad_norm = self.groups["q"].apply(grad, self.config.max_grad_norm)
+        self._polyak("q", "q_target", "q")
+        return self._metrics(loss, q, y, grad_norm)
+
+    @staticmethod
+    def _metrics(
+        loss: torch.Tensor, q: torch.Tensor, y: torch.Tensor, grad_norm: torch.Tensor | float
+    ) -> dict[str, Any]:
         return {  # 0-dim tensors on the device: no host read here (read_metrics when logging)
             "loss": loss.detach(),
             "q_mean": q.detach().mean(),
             "grad_norm": grad_norm,
-            "epsilon": self.epsilon,
-            "learning_rate": self.learning_rate,
             "td_error": (q - y).abs().detach(),  # [B]
         }

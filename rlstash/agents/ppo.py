@@ -34,9 +34,17 @@ import numpy as np
 import torch
 
 from rlstash.agents.actions import ActionFeatures, ActionMask, chunked_argmax, gumbel_scores
-from rlstash.agents.base import AgentBase, ConfigMixin, check_positive, hp, seeded_init
+from rlstash.agents.base import (
+    COMPILE_DEFAULT,
+    COMPILE_HELP,
+    AgentBase,
+    ConfigMixin,
+    check_positive,
+    flat_adam,
+    hp,
+    seeded_init,
+)
 from rlstash.agents.categorical import log_prob_entropy
-from rlstash.agents.flat import FlatParams
 from rlstash.agents.gae import rollout_gae
 from rlstash.agents.normalize import ObsNormalizer, RewardScaler
 from rlstash.agents.policies import CategoricalActorCritic, GaussianActorCritic
@@ -102,6 +110,7 @@ class PPOConfig(ConfigMixin):
     adam_eps: float = hp(1e-5, "Adam epsilon.")
     total_steps: int = hp(1_000_000, "Env steps of the run (the annealing horizon).")
     seed: int = hp(0, "Seed of the network init and of the policy's sampling.")
+    compile: bool = hp(COMPILE_DEFAULT, COMPILE_HELP)
 
     PRESETS = PRESETS
 
@@ -175,7 +184,9 @@ class PPO(AgentBase):
             )
         if cfg.norm_reward:
             nets["reward_scaler"] = RewardScaler(cfg.gamma, cfg.clip_reward)
-        self._setup(nets, names, {"policy": self._flat_adam})
+        policy_group = flat_adam(self, "policy", lr=cfg.learning_rate, eps=cfg.adam_eps)
+        self._setup(nets, names, {"policy": policy_group})
+        self.clip_now = torch.zeros((), device=self.device)  # a compiled step's clip range
 
     # --- acting ----------------------------------------------------------------------------
 
@@ -234,7 +245,7 @@ class PPO(AgentBase):
         """One PPO update on ``rollout`` (module docstring); metrics as 0-dim device tensors
         (means over the minibatches run) plus the host numbers ``epochs``, ``learning_rate``
         and ``clip_range``."""
-        cfg, opt = self.config, self.optims["policy"]
+        cfg = self.config
         if not isinstance(rollout, RolloutStorage) or not rollout.filled:
             raise ValueError(
                 "rollout: expected a RolloutStorage holding a rollout (call add first)"
@@ -243,8 +254,8 @@ class PPO(AgentBase):
         progress = self.progress_remaining()
         lr = cfg.learning_rate * (progress if cfg.anneal_lr else 1.0)
         clip = cfg.clip_range * (progress if cfg.anneal_clip_range else 1.0)
-        for group in opt.param_groups:
-            group["lr"] = lr
+        self.groups["policy"].set_lr(lr)
+        self.clip_now.fill_(clip)
         sums = torch.zeros(len(METRICS), device=self.device)
         batches, epochs = 0, 0
         for _ in range(cfg.n_epochs):
@@ -270,75 +281,64 @@ class PPO(AgentBase):
         self, data: dict[str, torch.Tensor], idx: torch.Tensor | None, clip: float
     ) -> torch.Tensor:
         """One gradient step on rows ``idx`` (None: all rows); returns the METRICS as one [6]
-        tensor. Rows that are no real step weigh 0 (unless the rollout has none)."""
+        tensor. Rows that are no real step weigh 0 (unless the rollout has none). With
+        ``config.compile`` one compiled step per minibatch size (:meth:`_step`)."""
+        names = ["obs", "action", "logp", "advantages", "returns", "values"]
+        names += [name for name in ("action_mask",) if name in data]
+        if not data["all_valid"]:
+            names.append("valid")
+        mb = {name: data[name] if idx is None else data[name][idx] for name in names}
+        self.updates += 1
+        if self.config.compile:
+            return self._compiled(f"minibatch-{mb['obs'].shape[0]}", self._step)(mb, self.clip_now)
+        loss, stats = self._loss(mb, clip)
+        norm = self.groups["policy"].step(loss, self.config.max_grad_norm)
+        return torch.stack([*stats, norm]).detach()
+
+    def _step(self, mb: dict[str, torch.Tensor], clip: torch.Tensor) -> torch.Tensor:
+        """:meth:`_loss`, its gradient by ``torch.func`` and Adam in place, as one function of
+        tensors (compiled; rlstash.agents.compiled)."""
+        grad, (_, stats) = self.functional.grad(self._loss, "policy", mb, clip)
+        norm = self.groups["policy"].apply(grad, self.config.max_grad_norm)
+        return torch.stack([*stats, norm]).detach()
+
+    def _loss(
+        self, mb: dict[str, torch.Tensor], clip: float | torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """(L, (policy loss, value loss, entropy, approx KL, clip fraction)) of a minibatch
+        (module docstring); a "valid" field weighs its rows (0: no real step)."""
         cfg, net = self.config, self.nets["policy"]
-
-        def take(name: str) -> torch.Tensor:
-            return data[name] if idx is None else data[name][idx]
-
-        w = None if data["all_valid"] else take("valid").float()  # [B]; 0: no real step
+        w = mb["valid"].float() if "valid" in mb else None  # [B]
         n_w = None if w is None else w.sum().clamp_min(1.0)
 
         def mean(t: torch.Tensor) -> torch.Tensor:
             return t.mean() if w is None else (w * t).sum() / n_w
 
-        mask = (
-            None if "action_mask" not in data else ActionMask(take("action_mask"), self.n_actions)
-        )
-        x = take("obs")
-        logp, entropy = self.log_prob_entropy(x, take("action"), mask)  # [B], [B]
+        mask = ActionMask(mb["action_mask"], self.n_actions) if "action_mask" in mb else None
+        x = mb["obs"]
+        logp, entropy = self.log_prob_entropy(x, mb["action"], mask)  # [B], [B]
         value = net.value(x)  # [B]
-        adv = take("advantages")  # [B]
-        if cfg.normalize_advantage and idx is None and "adv_all" in data:
-            adv = data["adv_all"]  # the whole rollout, normalized once for every epoch
+        adv = mb["advantages"]  # [B]
+        if cfg.normalize_advantage and w is None:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         elif cfg.normalize_advantage:
-            if w is None:
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            else:
-                mu = mean(adv)
-                std = ((w * (adv - mu) ** 2).sum() / (n_w - 1).clamp_min(1.0)).sqrt()
-                adv = (adv - mu) / (std + 1e-8)
-            if idx is None:
-                data["adv_all"] = adv
-        log_ratio = logp - take("logp")
+            mu = mean(adv)
+            std = ((w * (adv - mu) ** 2).sum() / (n_w - 1).clamp_min(1.0)).sqrt()
+            adv = (adv - mu) / (std + 1e-8)
+        log_ratio = logp - mb["logp"]
         ratio = log_ratio.exp()
         pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip))  # [B]
-        ret, old_v = take("returns"), take("values")
+        ret, old_v = mb["returns"], mb["values"]
         v_loss = (value - ret) ** 2
         if cfg.clip_range_vf is not None:
             clipped = old_v + (value - old_v).clamp(-cfg.clip_range_vf, cfg.clip_range_vf)
             v_loss = torch.maximum(v_loss, (clipped - ret) ** 2)
         policy_loss, value_loss, ent = mean(pg), mean(v_loss), mean(entropy)
         loss = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * ent
-        self.flat.zero_grad()
-        loss.backward()
-        norm = self.flat.clip_grad_norm_(cfg.max_grad_norm)
-        self.optims["policy"].step()
-        self.updates += 1
         with torch.no_grad():
             kl = mean((ratio - 1) - log_ratio)
             clip_frac = mean(((ratio - 1).abs() > clip).float())
-            return torch.stack([policy_loss, value_loss, ent, kl, clip_frac, norm]).detach()
-
-    def _flat_adam(self) -> torch.optim.Adam:
-        """The policy's parameters as one flat vector (:mod:`rlstash.agents.flat`) and Adam on
-        it (eps as SB3/CleanRL: 1e-5), fused where supported, else multi-tensor."""
-        self.flat = FlatParams(self.nets["policy"])
-        cfg, params = self.config, [self.flat.param]
-        try:
-            return torch.optim.Adam(params, lr=cfg.learning_rate, eps=cfg.adam_eps, fused=True)
-        except (RuntimeError, ValueError, TypeError):
-            return torch.optim.Adam(params, lr=cfg.learning_rate, eps=cfg.adam_eps, foreach=True)
-
-    def to(self, device: Any, act_device: Any | None = None) -> PPO:
-        """Move learner and acting copy (AgentBase.to), then re-seat the flat parameter vector
-        on the new device with the optimizer's state."""
-        state = self.optims["policy"].state_dict()
-        super().to(device, act_device)
-        self.optims["policy"] = self._flat_adam()
-        self.optims["policy"].load_state_dict(state)
-        self._build_actor()
-        return self
+        return loss, (policy_loss.detach(), value_loss.detach(), ent.detach(), kl, clip_frac)
 
     @torch.no_grad()
     def prepare(self, rollout: RolloutStorage) -> dict[str, torch.Tensor]:

@@ -19,14 +19,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlstash.agents.base import (
+    COMPILE_DEFAULT,
+    COMPILE_HELP,
     AgentBase,
     Batch,
     ConfigMixin,
-    adam,
     check_batch,
     check_common,
+    flat_adam,
     hp,
-    optimize,
     seeded_init,
 )
 from rlstash.agents.nets import LogAlpha, TwinCritic, make_encoder, polyak_update
@@ -48,6 +49,7 @@ class SACBaseConfig(ConfigMixin):
         (256, 256), "MLP hidden widths of actor and critics (unused after the Nature CNN)."
     )
     seed: int = hp(0, "Seed of network init and the agent's torch generators.")
+    compile: bool = hp(COMPILE_DEFAULT, COMPILE_HELP)
 
     def __post_init__(self) -> None:
         self.net_arch = tuple(self.net_arch)
@@ -115,6 +117,12 @@ class SquashedGaussianActor(nn.Module):
             u = mean + log_std.exp() * eps
         return torch.tanh(u), squashed_log_prob(u, mean, log_std)
 
+    def rsample(self, obs: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`sample` with the standard normal noise ``eps`` [B, A] given."""
+        mean, log_std = self(obs)
+        u = mean + log_std.exp() * eps
+        return torch.tanh(u), squashed_log_prob(u, mean, log_std)
+
 
 def _bound(value: Any, name: str, act_dim: int) -> torch.Tensor:
     t = torch.as_tensor(np.asarray(value, dtype=np.float32)).reshape(-1)
@@ -136,6 +144,19 @@ def bounds(low: Any, high: Any, act_dim: int) -> tuple[torch.Tensor, torch.Tenso
             f"low/high: expected low < high, got {low_t.tolist()} and {high_t.tolist()}"
         )
     return (high_t + low_t) / 2, (high_t - low_t) / 2
+
+
+def twin_critic_loss(
+    critic: nn.Module, batch: Batch, action: torch.Tensor, y: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(J(Q) = E[w scale sum_i (Q_i(s, a_b) - y)^2], Q [2, B]) of twin critics, for actions
+    a_b [B, A] in [-1, 1] and targets y [B]; w = the batch's "weight" or 1 (SAC: scale 0.5,
+    TD3: 1, as Stable-Baselines3)."""
+    q = critic(batch["obs"], action)  # [2, B]
+    per_sample = scale * ((q - y) ** 2).sum(0)  # [B]
+    if "weight" in batch:
+        per_sample = per_sample * batch["weight"]
+    return per_sample.mean(), q
 
 
 class SAC(AgentBase):
@@ -172,12 +193,8 @@ class SAC(AgentBase):
         nets = {"actor": actor, "critic": critic, "alpha": LogAlpha(cfg.init_alpha)}
         nets["critic_target"] = copy.deepcopy(critic).requires_grad_(False)
         lr = cfg.learning_rate
-        optims = {
-            "actor": lambda: adam(self.nets["actor"].parameters(), lr),
-            "critic": lambda: adam(self.nets["critic"].parameters(), lr),
-            "alpha": lambda: adam(self.nets["alpha"].parameters(), lr),
-        }
-        self._setup(nets, ("actor",), optims)
+        groups = {name: flat_adam(self, name, lr=lr) for name in ("actor", "critic", "alpha")}
+        self._setup(nets, ("actor",), groups)
 
     @property
     def alpha(self) -> float:
@@ -221,39 +238,102 @@ class SAC(AgentBase):
         2. J(Q) = E[w 0.5 sum_i (Q_i(s, a_b) - y)^2],  y from :meth:`td_target`
         3. J(pi) = E[alpha log pi(a|s) - min_i Q_i(s, a)]                  (reparameterized a)
         4. every target_update_interval updates: theta_target <- (1 - tau) theta_target + tau theta
-        """
-        cfg, nets = self.config, self.nets
+
+        With ``config.compile`` the same losses run as one compiled step (:meth:`_step`)."""
+        cfg = self.config
         check_batch(batch, obs_shape=self.obs_shape, device=self.device, act_dim=self.act_dim)
-        obs = batch["obs"]
-        action = (batch["action"] - self.center.to(self.device)) / self.scale.to(
-            self.device
-        )  # [B, A]
-        # one actor pass over s and s' (half the kernel launches of two); rows B.. are s'
-        a_all, logp_all = nets["actor"].sample(torch.cat([obs, batch["next_obs"]]), self.learn_gen)
+        action = (batch["action"] - self.center.to(self.device)) / self.scale.to(self.device)
+        bsz = action.shape[0]
+        # the noise of one actor pass over s and s' (rows B.. are s'), drawn outside any graph
+        eps = torch.randn((2 * bsz, self.act_dim), generator=self.learn_gen, device=self.device)
+        self.updates += 1
+        due = self.updates % cfg.target_update_interval == 0
+        if cfg.compile:
+            self.tau_now.fill_(cfg.tau if due else 0.0)  # the step's Polyak weight
+            return self._compiled("update", self._step)(batch, action, eps)
+        out = self._eager(batch, action, eps)
+        if due:
+            polyak_update(self.nets["critic_target"], self.nets["critic"], cfg.tau)
+        return out
+
+    def _eager(self, batch: Batch, action: torch.Tensor, eps: torch.Tensor) -> dict[str, Any]:
+        cfg, nets, groups, obs = self.config, self.nets, self.groups, batch["obs"]
         bsz = obs.shape[0]
+        # one actor pass over s and s' (half the kernel launches of two); rows B.. are s'
+        a_all, logp_all = nets["actor"].rsample(torch.cat([obs, batch["next_obs"]]), eps)
         a_pi, logp_pi = a_all[:bsz], logp_all[:bsz]  # [B, A], [B]
         next_sample = (a_all[bsz:].detach(), logp_all[bsz:].detach())
-        alpha_loss = -(nets["alpha"].log_alpha * (logp_pi.detach() + self.target_entropy)).mean()
+        alpha_loss = self._alpha_loss(logp_pi.detach())
         if cfg.autotune_alpha:
-            optimize(self.optims["alpha"], alpha_loss)
+            groups["alpha"].step(alpha_loss)
         alpha = nets["alpha"]().detach()  # []
         y = self.td_target(batch, alpha, next_sample)  # [B]
-        q = nets["critic"](obs, action)  # [2, B]
-        critic_per = 0.5 * ((q - y) ** 2).sum(0)  # [B]
-        if "weight" in batch:
-            critic_per = critic_per * batch["weight"]
-        critic_loss = critic_per.mean()
-        critic_norm = optimize(self.optims["critic"], critic_loss, cfg.max_grad_norm)
-        q_pi = nets["critic"](obs, a_pi, detach=True).amin(0)  # [B]; gradients reach a_pi only
-        actor_loss = (alpha * logp_pi - q_pi).mean()
-        actor_norm = optimize(self.optims["actor"], actor_loss, cfg.max_grad_norm)
-        self.updates += 1
-        if self.updates % cfg.target_update_interval == 0:
-            polyak_update(nets["critic_target"], nets["critic"], cfg.tau)
+        critic_loss, q = self._critic_loss(batch, action, y)
+        critic_norm = groups["critic"].step(critic_loss, cfg.max_grad_norm)
+        actor_loss = self._actor_loss(obs, a_pi, logp_pi, alpha)
+        actor_norm = groups["actor"].step(actor_loss, cfg.max_grad_norm)
+        losses = {"critic_loss": critic_loss, "actor_loss": actor_loss, "alpha_loss": alpha_loss}
+        return self._metrics(losses, alpha, logp_pi, q, y, critic_norm, actor_norm)
+
+    def _step(self, batch: Batch, action: torch.Tensor, eps: torch.Tensor) -> dict[str, Any]:
+        """:meth:`_eager`'s arithmetic as a function of tensors (compiled): gradients by
+        ``torch.func`` through the same loss code, Adam and Polyak in place (rlstash.agents.
+        compiled). The actor runs forward once on s (kept for its backward) and once on s'."""
+        cfg, fn, groups, obs = self.config, self.functional, self.groups, batch["obs"]
+        bsz, rsample = obs.shape[0], self.nets["actor"].rsample
+        actor_vec = groups["actor"].flat.param.detach()
+        (a_pi, logp_pi), actor_vjp = torch.func.vjp(
+            lambda v: fn.call(rsample, "actor", v, obs, eps[:bsz]), actor_vec
+        )
+        next_sample = fn.call(rsample, None, None, batch["next_obs"], eps[bsz:])
+        grad, (alpha_loss, _) = fn.grad(lambda lp: (self._alpha_loss(lp), lp), "alpha", logp_pi)
+        if cfg.autotune_alpha:
+            groups["alpha"].apply(grad)
+        alpha = fn.call(lambda: self.nets["alpha"]().detach(), None, None)  # []
+        y = fn.call(self.td_target, None, None, batch, alpha, next_sample)  # [B]
+        grad, (critic_loss, q) = fn.grad(self._critic_loss, "critic", batch, action, y)
+        critic_norm = groups["critic"].apply(grad, cfg.max_grad_norm)
+
+        def actor_objective(a: torch.Tensor, lp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            loss = fn.call(self._actor_loss, None, None, obs, a, lp, alpha)
+            return loss, loss
+
+        grads, actor_loss = torch.func.grad(actor_objective, argnums=(0, 1), has_aux=True)(
+            a_pi, logp_pi
+        )
+        actor_norm = groups["actor"].apply(actor_vjp(grads)[0], cfg.max_grad_norm)
+        self._polyak("critic", "critic_target", "critic")
+        losses = {"critic_loss": critic_loss, "actor_loss": actor_loss, "alpha_loss": alpha_loss}
+        return self._metrics(losses, alpha, logp_pi, q, y, critic_norm, actor_norm)
+
+    def _alpha_loss(self, logp_pi: torch.Tensor) -> torch.Tensor:
+        """J(alpha) from log pi(a|s) [B] (detached)."""
+        return -(self.nets["alpha"].log_alpha * (logp_pi.detach() + self.target_entropy)).mean()
+
+    def _critic_loss(
+        self, batch: Batch, action: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return twin_critic_loss(self.nets["critic"], batch, action, y, 0.5)
+
+    def _actor_loss(
+        self, obs: torch.Tensor, a_pi: torch.Tensor, logp_pi: torch.Tensor, alpha: torch.Tensor
+    ) -> torch.Tensor:
+        """J(pi); gradients reach a_pi and log pi only (the critics' weights are detached)."""
+        q_pi = self.nets["critic"](obs, a_pi, detach=True).amin(0)  # [B]
+        return (alpha * logp_pi - q_pi).mean()
+
+    @staticmethod
+    def _metrics(
+        losses: dict[str, torch.Tensor],
+        alpha: torch.Tensor,
+        logp_pi: torch.Tensor,
+        q: torch.Tensor,
+        y: torch.Tensor,
+        critic_norm: torch.Tensor | float,
+        actor_norm: torch.Tensor | float,
+    ) -> dict[str, Any]:
         return {  # 0-dim tensors on the device: no host read here (read_metrics when logging)
-            "critic_loss": critic_loss.detach(),
-            "actor_loss": actor_loss.detach(),
-            "alpha_loss": alpha_loss.detach(),
+            **{name: loss.detach() for name, loss in losses.items()},
             "alpha": alpha,
             "entropy": -logp_pi.detach().mean(),
             "q_mean": q[0].detach().mean(),

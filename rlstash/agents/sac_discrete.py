@@ -36,15 +36,7 @@ from rlstash.agents.actions import (
     soft_policy_objective,
     softmax_stats,
 )
-from rlstash.agents.base import (
-    AgentBase,
-    Batch,
-    adam,
-    check_batch,
-    hp,
-    optimize,
-    seeded_init,
-)
+from rlstash.agents.base import AgentBase, Batch, check_batch, flat_adam, hp, seeded_init
 from rlstash.agents.nets import LogAlpha, make_discrete_net, polyak_update
 from rlstash.agents.sac import SACBaseConfig
 
@@ -104,14 +96,9 @@ class DiscreteSAC(AgentBase):
         nets["q1_target"] = copy.deepcopy(q1).requires_grad_(False)
         nets["q2_target"] = copy.deepcopy(q2).requires_grad_(False)
         lr = cfg.learning_rate
-        optims = {
-            "actor": lambda: adam(self.nets["actor"].parameters(), lr),
-            "critic": lambda: adam(
-                [*self.nets["q1"].parameters(), *self.nets["q2"].parameters()], lr=lr
-            ),
-            "alpha": lambda: adam(self.nets["alpha"].parameters(), lr),
-        }
-        self._setup(nets, ("actor",), optims)
+        groups = {"actor": flat_adam(self, "actor", lr=lr), "critic": flat_adam(self, "q1", "q2", lr=lr),
+                  "alpha": flat_adam(self, "alpha", lr=lr)}  # fmt: skip
+        self._setup(nets, ("actor",), groups)
 
     @property
     def alpha(self) -> float:
@@ -169,46 +156,100 @@ class DiscreteSAC(AgentBase):
         return batch["reward"] + batch.get("discount", self.config.gamma) * soft_v
 
     def update(self, batch: Batch) -> dict[str, Any]:
-        """One step on J(Q), then J(pi), then J(alpha) (module docstring), then Polyak targets."""
-        cfg, nets, n = self.config, self.nets, self.n_actions
-        bsz = check_batch(
+        """One step on J(Q), then J(pi), then J(alpha) (module docstring), then Polyak targets.
+        With ``config.compile`` one compiled step (:meth:`_step`)."""
+        cfg, nets, groups, n = self.config, self.nets, self.groups, self.n_actions
+        check_batch(
             batch, obs_shape=self.obs_shape, device=self.device, n_actions=n,
             values=self._values_due(),
         )  # fmt: skip
-        obs, action = batch["obs"], batch["action"]  # [B, *obs_shape], [B] int64
-        mask = ActionMask.of(batch.get("action_mask"), n, "action_mask")
+        self.updates += 1
+        due = self.updates % cfg.target_update_interval == 0
+        if cfg.compile:
+            self.tau_now.fill_(cfg.tau if due else 0.0)  # the step's Polyak weight
+            return self._compiled("update", self._step)(batch)
         alpha = nets["alpha"]().detach()  # [] on the device (no host read)
-        # critics
         y = self.td_target(batch, alpha)  # [B]
+        critic_loss, (q1, q2) = self._critic_loss(batch, y)
+        critic_norm = groups["critic"].step(critic_loss, cfg.max_grad_norm)
+        # actor: exact expectation over available actions, chunked, against the updated critics
+        mask = ActionMask.of(batch.get("action_mask"), n, "action_mask")
+        with torch.no_grad():
+            q_min = self._min_q(("q1", "q2"), batch["obs"])
+        u_pi = nets["actor"].embed(batch["obs"])  # [B, k]
+        objective, entropy = soft_policy_objective(
+            nets["actor"].head, u_pi, q_min, alpha, cfg.action_chunk, mask
+        )  # [B], [B]
+        actor_loss = objective.mean()
+        actor_norm = groups["actor"].step(actor_loss, cfg.max_grad_norm)
+        alpha_loss, target_h = self._alpha_loss(batch, entropy)
+        if cfg.autotune_alpha:
+            groups["alpha"].step(alpha_loss)
+        if due:
+            polyak_update(nets["q1_target"], nets["q1"], cfg.tau)
+            polyak_update(nets["q2_target"], nets["q2"], cfg.tau)
+        losses = {"critic_loss": critic_loss, "actor_loss": actor_loss, "alpha_loss": alpha_loss}
+        return self._metrics(losses, alpha, entropy, target_h, q1, q2, y, critic_norm, actor_norm)
+
+    def _critic_loss(self, batch: Batch, y: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """(J(Q), (Q_1(s, a_b), Q_2(s, a_b)) [B] each) for targets y [B]."""
+        nets, obs, action = self.nets, batch["obs"], batch["action"]
         q1 = nets["q1"].head.score_actions(nets["q1"].embed(obs), action)  # [B]
         q2 = nets["q2"].head.score_actions(nets["q2"].embed(obs), action)  # [B]
         critic_per = 0.5 * ((q1 - y) ** 2 + (q2 - y) ** 2)  # [B]
         if "weight" in batch:
             critic_per = critic_per * batch["weight"]
-        critic_loss = critic_per.mean()
-        critic_norm = optimize(self.optims["critic"], critic_loss, cfg.max_grad_norm)
-        # actor: exact expectation over available actions, chunked, against the updated critics
+        return critic_per.mean(), (q1, q2)
+
+    def _alpha_loss(self, batch: Batch, entropy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(J(alpha), H_target(s) [B]) from the policy's entropy [B]."""
+        mask = ActionMask.of(batch.get("action_mask"), self.n_actions, "action_mask")
+        target_h = self.entropy_target(mask, entropy.shape[0])  # [B]
+        loss = (self.nets["alpha"].log_alpha * (entropy - target_h).detach()).mean()
+        return loss, target_h
+
+    def _actor_objective(
+        self, batch: Batch, alpha: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(J(pi), H(pi(.|s)) [B]) by one streaming softmax pass that autograd (torch.func)
+        differentiates: the compiled step's form of :func:`soft_policy_objective` (same value
+        and gradient; its backward keeps [B, chunk] per chunk, so O(B n) memory)."""
+        n, chunk, obs, actor = (
+            self.n_actions,
+            self.config.action_chunk,
+            batch["obs"],
+            self.nets["actor"],
+        )
+        mask = ActionMask.of(batch.get("action_mask"), n, "action_mask")
         with torch.no_grad():
             q_min = self._min_q(("q1", "q2"), obs)
-        u_pi = nets["actor"].embed(obs)  # [B, k]
-        objective, entropy = soft_policy_objective(
-            nets["actor"].head, u_pi, q_min, alpha, cfg.action_chunk, mask
-        )  # [B], [B]
-        actor_loss = objective.mean()
-        actor_norm = optimize(self.optims["actor"], actor_loss, cfg.max_grad_norm)
-        # temperature
-        target_h = self.entropy_target(mask, bsz)  # [B]
-        alpha_loss = (nets["alpha"].log_alpha * (entropy - target_h).detach()).mean()
+        st = softmax_stats(actor.head.score_fn(actor.embed(obs)), n, chunk, mask, q_min)
+        return (-alpha * st.entropy - st.mean_value).mean(), st.entropy.detach()
+
+    def _step(self, batch: Batch) -> dict[str, Any]:
+        """The eager update's arithmetic as a function of tensors (compiled; gradients by
+        ``torch.func``, Adam and the targets' lerp in place: rlstash.agents.compiled)."""
+        cfg, fn, groups = self.config, self.functional, self.groups
+        alpha = fn.call(lambda: self.nets["alpha"]().detach(), None, None)  # []
+        y = fn.call(self.td_target, None, None, batch, alpha)  # [B]
+        grad, (critic_loss, (q1, q2)) = fn.grad(self._critic_loss, "critic", batch, y)
+        critic_norm = groups["critic"].apply(grad, cfg.max_grad_norm)
+        grad, (actor_loss, entropy) = fn.grad(self._actor_objective, "actor", batch, alpha)
+        actor_norm = groups["actor"].apply(grad, cfg.max_grad_norm)
+        grad, (alpha_loss, target_h) = fn.grad(self._alpha_loss, "alpha", batch, entropy)
         if cfg.autotune_alpha:
-            optimize(self.optims["alpha"], alpha_loss)
-        self.updates += 1
-        if self.updates % cfg.target_update_interval == 0:
-            polyak_update(nets["q1_target"], nets["q1"], cfg.tau)
-            polyak_update(nets["q2_target"], nets["q2"], cfg.tau)
+            groups["alpha"].apply(grad)
+        self._polyak("critic", "q1_target", "q1")
+        self._polyak("critic", "q2_target", "q2")
+        losses = {"critic_loss": critic_loss, "actor_loss": actor_loss, "alpha_loss": alpha_loss}
+        return self._metrics(losses, alpha, entropy, target_h, q1, q2, y, critic_norm, actor_norm)
+
+    @staticmethod
+    def _metrics(losses: dict, alpha: torch.Tensor, entropy: torch.Tensor, target_h: torch.Tensor,
+                 q1: torch.Tensor, q2: torch.Tensor, y: torch.Tensor, critic_norm: Any,
+                 actor_norm: Any) -> dict[str, Any]:  # fmt: skip
         return {  # 0-dim tensors on the device: no host read here (read_metrics when logging)
-            "critic_loss": critic_loss.detach(),
-            "actor_loss": actor_loss.detach(),
-            "alpha_loss": alpha_loss.detach(),
+            **{name: loss.detach() for name, loss in losses.items()},
             "alpha": alpha,
             "entropy": entropy.mean(),
             "target_entropy": target_h.mean(),

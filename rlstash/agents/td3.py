@@ -27,19 +27,20 @@ import torch
 from torch import nn
 
 from rlstash.agents.base import (
+    COMPILE_DEFAULT,
+    COMPILE_HELP,
     AgentBase,
     Batch,
     ConfigMixin,
-    adam,
     check_batch,
     check_common,
     check_positive,
+    flat_adam,
     hp,
-    optimize,
     seeded_init,
 )
 from rlstash.agents.nets import TwinCritic, make_encoder, polyak_update
-from rlstash.agents.sac import bounds
+from rlstash.agents.sac import bounds, twin_critic_loss
 
 
 @dataclass
@@ -62,6 +63,7 @@ class TD3Config(ConfigMixin):
         (400, 300), "MLP hidden widths of actor and critics (unused after the Nature CNN)."
     )
     seed: int = hp(0, "Seed of network init and the agent's torch generators.")
+    compile: bool = hp(COMPILE_DEFAULT, COMPILE_HELP)
 
     def __post_init__(self) -> None:
         self.net_arch = tuple(self.net_arch)
@@ -118,11 +120,7 @@ class TD3(AgentBase):
         nets["actor_target"] = copy.deepcopy(actor).requires_grad_(False)
         nets["critic_target"] = copy.deepcopy(critic).requires_grad_(False)
         lr = cfg.learning_rate
-        optims = {
-            "actor": lambda: adam(self.nets["actor"].parameters(), lr),
-            "critic": lambda: adam(self.nets["critic"].parameters(), lr),
-        }
-        self._setup(nets, ("actor",), optims)
+        self._setup(nets, ("actor",), {n: flat_adam(self, n, lr=lr) for n in ("actor", "critic")})
         self._actor_metrics: dict[str, Any] = {"actor_loss": 0.0, "actor_grad_norm": 0.0}
 
     def act(
@@ -162,30 +160,64 @@ class TD3(AgentBase):
         return batch["reward"] + batch.get("discount", cfg.gamma) * next_q  # [B]
 
     def update(self, batch: Batch) -> dict[str, Any]:
-        """One critic step; every ``policy_delay``-th update also the actor and the targets."""
-        cfg, nets = self.config, self.nets
+        """One critic step; every ``policy_delay``-th update also the actor and the targets.
+        With ``config.compile`` each is one compiled step (:meth:`_critic_step`,
+        :meth:`_actor_step`)."""
+        cfg, groups = self.config, self.groups
         check_batch(batch, obs_shape=self.obs_shape, device=self.device, act_dim=self.act_dim)
-        obs = batch["obs"]
         action = (batch["action"] - self.center.to(self.device)) / self.scale.to(self.device)
-        y = self.td_target(batch)  # [B]
-        q = nets["critic"](obs, action)  # [2, B]
-        critic_per = ((q - y) ** 2).sum(0)  # [B]
-        if "weight" in batch:
-            critic_per = critic_per * batch["weight"]
-        critic_loss = critic_per.mean()
-        critic_norm = optimize(self.optims["critic"], critic_loss, cfg.max_grad_norm)
+        noise = cfg.target_policy_noise * torch.randn(
+            action.shape, generator=self.learn_gen, device=self.device
+        )  # [B, A]: the target smoothing noise, drawn outside any graph
         self.updates += 1
-        if self.updates % cfg.policy_delay == 0:
-            q_pi = nets["critic"](obs, nets["actor"](obs), detach=True, member=0)  # [B]: Q_1
-            actor_loss = -q_pi.mean()
-            actor_norm = optimize(self.optims["actor"], actor_loss, cfg.max_grad_norm)
-            polyak_update(nets["critic_target"], nets["critic"], cfg.tau)
-            polyak_update(nets["actor_target"], nets["actor"], cfg.tau)
+        actor_due = self.updates % cfg.policy_delay == 0
+        if cfg.compile:
+            out = self._compiled("critic", self._critic_step)(batch, action, noise)
+            if actor_due:
+                self.tau_now.fill_(cfg.tau)
+                self._actor_metrics = self._compiled("actor", self._actor_step)(batch)
+            return {**out, **self._actor_metrics}
+        y = self.td_target(batch, noise)  # [B]
+        critic_loss, q = twin_critic_loss(self.nets["critic"], batch, action, y, 1.0)
+        critic_norm = groups["critic"].step(critic_loss, cfg.max_grad_norm)
+        if actor_due:
+            actor_loss, _ = self._actor_loss(batch)
+            actor_norm = groups["actor"].step(actor_loss, cfg.max_grad_norm)
+            polyak_update(self.nets["critic_target"], self.nets["critic"], cfg.tau)
+            polyak_update(self.nets["actor_target"], self.nets["actor"], cfg.tau)
             self._actor_metrics = {"actor_loss": actor_loss.detach(), "actor_grad_norm": actor_norm}
+        return {**self._critic_metrics(critic_loss, q, y, critic_norm), **self._actor_metrics}
+
+    def _actor_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """J(pi) = -E[Q_1(s, pi(s))], the critic's weights detached (twice: loss and aux)."""
+        nets, obs = self.nets, batch["obs"]
+        loss = -nets["critic"](obs, nets["actor"](obs), detach=True, member=0).mean()
+        return loss, loss
+
+    def _critic_step(self, batch: Batch, action: torch.Tensor, noise: torch.Tensor) -> dict:
+        """The critic update as a function of tensors (compiled; rlstash.agents.compiled)."""
+        fn = self.functional
+        y = fn.call(self.td_target, None, None, batch, noise)  # [B]
+        loss_fn = lambda *a: twin_critic_loss(self.nets["critic"], *a, 1.0)  # noqa: E731
+        grad, (critic_loss, q) = fn.grad(loss_fn, "critic", batch, action, y)
+        critic_norm = self.groups["critic"].apply(grad, self.config.max_grad_norm)
+        return self._critic_metrics(critic_loss, q, y, critic_norm)
+
+    def _actor_step(self, batch: Batch) -> dict:
+        """The actor update and both targets' lerp as a function of tensors (compiled)."""
+        grad, (actor_loss, _) = self.functional.grad(self._actor_loss, "actor", batch)
+        actor_norm = self.groups["actor"].apply(grad, self.config.max_grad_norm)
+        self._polyak("critic", "critic_target", "critic")
+        self._polyak("actor", "actor_target", "actor")
+        return {"actor_loss": actor_loss.detach(), "actor_grad_norm": actor_norm}
+
+    @staticmethod
+    def _critic_metrics(
+        critic_loss: torch.Tensor, q: torch.Tensor, y: torch.Tensor, norm: torch.Tensor | float
+    ) -> dict[str, Any]:
         return {  # 0-dim tensors on the device: no host read here (read_metrics when logging)
             "critic_loss": critic_loss.detach(),
             "q_mean": q[0].detach().mean(),
-            "critic_grad_norm": critic_norm,
-            **self._actor_metrics,  # of the latest actor update
+            "critic_grad_norm": norm,
             "td_error": (q - y).abs().mean(0).detach(),  # [B]
         }

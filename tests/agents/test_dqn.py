@@ -299,9 +299,13 @@ def test_agents_follow_the_protocol_and_move_devices_explicitly():
         "terminated": torch.zeros(8, dtype=torch.bool),
     }
     agent.update(batch)
-    steps = agent.optims["q"].state[agent.nets["q"].head.weight]["step"]
+    group = agent.groups["q"]  # one flat vector and its Adam state
+    steps = float(group.opt.state[group.flat.param]["step"])
     assert agent.to("cpu", act_device="cpu") is agent
-    assert agent.optims["q"].state[agent.nets["q"].head.weight]["step"] == steps
+    group = agent.groups["q"]  # re-seated by the move
+    assert float(group.opt.state[group.flat.param]["step"]) == steps == 1.0
+    weight = agent.nets["q"].head.weight  # still a view of the (new) flat vector
+    assert weight.untyped_storage().data_ptr() == group.flat.param.untyped_storage().data_ptr()
     agent.update(batch)
     assert agent.updates == 2
 

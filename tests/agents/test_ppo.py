@@ -331,9 +331,12 @@ def test_to_reseats_the_flat_parameters_and_keeps_adam_state():
     agent.to("cpu")
     moved = agent.optims["policy"].state_dict()["state"][0]
     torch.testing.assert_close(moved["exp_avg"], state["exp_avg"])
-    assert agent.flat.params[0].data_ptr() == agent.flat.param.data_ptr()
-    before = agent.flat.param.detach().clone()
+    assert (
+        agent.groups["policy"].flat.params[0].data_ptr()
+        == agent.groups["policy"].flat.param.data_ptr()
+    )
+    before = agent.groups["policy"].flat.param.detach().clone()
     agent.update(_rollout(seed=1))
-    assert not torch.equal(before, agent.flat.param)
+    assert not torch.equal(before, agent.groups["policy"].flat.param)
     head = agent.nets["policy"].head.weight.reshape(-1)
-    assert any(torch.equal(head, v.reshape(-1)) for v in agent.flat.params)
+    assert any(torch.equal(head, v.reshape(-1)) for v in agent.groups["policy"].flat.params)

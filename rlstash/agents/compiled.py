@@ -1,0 +1,315 @@
+"""Agent updates that cost only their arithmetic: flat fused Adam, and the same step as one
+pure function of tensors for ``torch.compile`` and CUDA graphs.
+
+Every trained network group (SAC's actor, its critics, its temperature) is a :class:`FlatAdam`:
+its parameters are views of one flat vector (:mod:`rlstash.agents.flat`) and Adam (fused) steps
+that vector. The eager update is the usual autograd one::
+
+    norm = group.step(loss, max_grad_norm)          # zero_grad, backward, clip, Adam
+
+The compiled update (``config.compile=True``) runs the *same loss code* as a function of the
+flat vectors and takes the gradient with ``torch.func``, then the same Adam arithmetic in place
+on the optimizer's own state tensors, so the whole step (forward, backward, clipping, Adam,
+Polyak) is one graph with no autograd engine, no ``torch.optim`` Python and no host reads::
+
+    params = Functional(agent.nets, groups)         # names -> flat groups
+    grad, (loss, aux) = params.grad(loss_fn, "critic", *tensors)   # loss_fn uses agent.nets
+    norm = group.apply(grad, max_grad_norm)         # Adam on group.flat.param, in place
+
+Everything that varies between updates enters as a tensor (the batch, the noise drawn from the
+agent's generator outside the step, the learning rate, the Polyak weight), so one compilation
+serves the whole run: the step reads no Python counter and branches on no tensor value. On CUDA
+:class:`GraphedStep` captures such a step once and replays it (static input buffers).
+
+``torch.optim.Adam`` keeps the state (``exp_avg``, ``exp_avg_sq``, ``step``), so checkpoints
+and the eager path see the same optimizer whichever path ran.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlstash.agents.flat import FlatParams
+
+BETAS = (0.9, 0.999)
+BACKEND = "inductor"  # torch.compile backend of the steps (tests use "aot_eager": same tracing)
+
+
+class FlatAdam:
+    """The trainable parameters of ``modules`` as one flat vector, with fused Adam on it."""
+
+    def __init__(self, modules: Sequence[nn.Module], lr: float, eps: float = 1e-8):
+        self.modules = list(modules)
+        self.flat = FlatParams(nn.ModuleList(self.modules))
+        param = self.flat.param
+        try:
+            self.opt = torch.optim.Adam([param], lr=lr, eps=eps, betas=BETAS, fused=True)
+        except (RuntimeError, ValueError, TypeError):  # a device without fused Adam
+            self.opt = torch.optim.Adam([param], lr=lr, eps=eps, betas=BETAS, foreach=True)
+        # the state Adam would create on its first step, created now (the compiled step uses it)
+        self.opt.state[param] = {
+            "step": torch.zeros((), dtype=torch.float32, device=param.device),
+            "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
+        }
+        self.lr = torch.tensor(float(lr), device=param.device)  # the compiled step's lr
+
+    def set_lr(self, lr: float) -> None:
+        """The step size of both paths (a host write: no read, no recompilation)."""
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        self.lr.fill_(lr)
+
+    def step(self, loss: torch.Tensor, max_grad_norm: float | None = None) -> torch.Tensor | float:
+        """Eager: zero_grad, backward, clip the global norm (if given), Adam; returns the norm
+        before clipping (0-dim tensor) or 0.0 unclipped."""
+        self.flat.zero_grad()
+        loss.backward()
+        norm: torch.Tensor | float = 0.0
+        if max_grad_norm is not None:
+            norm = self.flat.clip_grad_norm_(max_grad_norm).detach()
+        self.opt.step()
+        return norm
+
+    def apply(self, grad: torch.Tensor, max_grad_norm: float | None = None) -> torch.Tensor:
+        """Functional: the same clipping and Adam step as :meth:`step`, from ``grad``, in place
+        on the flat vector and the optimizer's state tensors; returns the norm (0-dim)."""
+        norm = torch.linalg.vector_norm(grad)
+        if max_grad_norm is not None:
+            grad = grad * (max_grad_norm / (norm + 1e-6)).clamp(max=1.0)
+        state = self.opt.state[self.flat.param]
+        eps = self.opt.param_groups[0]["eps"]
+        adam_update(
+            self.flat.param.detach(), grad, state["exp_avg"], state["exp_avg_sq"],
+            state["step"], self.lr, eps,
+        )  # fmt: skip
+        return norm if max_grad_norm is not None else torch.zeros_like(norm)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every tensor the step mutates (parameters and Adam state): a graph's static memory."""
+        state = self.opt.state[self.flat.param]
+        return [self.flat.param, state["exp_avg"], state["exp_avg_sq"], state["step"]]
+
+
+@torch.no_grad()
+def adam_update(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    step: torch.Tensor,
+    lr: torch.Tensor,
+    eps: float,
+) -> None:
+    """Adam (Kingma & Ba; torch.optim.Adam's arithmetic), in place, with tensor step and lr::
+
+    t += 1;  m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2
+    theta <- theta - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+    """
+    beta1, beta2 = BETAS
+    step.add_(1)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    bias1 = 1 - beta1**step
+    bias2_sqrt = (1 - beta2**step).sqrt()
+    denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(eps)
+    param.sub_((lr / bias1) * exp_avg / denom)
+
+
+class _Call(nn.Module):
+    """All of an agent's networks under one root, so ``functional_call`` can swap any of their
+    parameters while an arbitrary function (the agent's loss code) runs."""
+
+    def __init__(self, nets: Mapping[str, nn.Module]):
+        super().__init__()
+        self.nets = nn.ModuleDict(dict(nets))
+
+    def forward(self, fn: Callable, *args: Any) -> Any:
+        return fn(*args)
+
+
+class Functional:
+    """Runs an agent's loss code with its trained groups' parameters taken from the groups'
+    flat vectors (one differentiated), for ``torch.func`` gradients (module docstring)."""
+
+    def __init__(self, nets: Mapping[str, nn.Module], groups: Mapping[str, FlatAdam]):
+        self.root = _Call(nets)
+        self.groups = dict(groups)
+        names = {id(p): name for name, p in self.root.named_parameters(remove_duplicate=False)}
+        # per group: (qualified name, offset, numel, shape) of every parameter in its vector
+        self.layout: dict[str, list[tuple[str, int, int, torch.Size]]] = {}
+        for key, group in self.groups.items():
+            rows, offset = [], 0
+            for p in group.flat.params:
+                if id(p) not in names:
+                    raise ValueError(f"groups[{key!r}]: holds a parameter outside nets")
+                rows.append((names[id(p)], offset, p.numel(), p.shape))
+                offset += p.numel()
+            self.layout[key] = rows
+
+    def params(self, key: str, vector: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Qualified name -> view of ``vector`` for group ``key``'s parameters."""
+        return {
+            name: vector[offset : offset + n].view(shape)
+            for name, offset, n, shape in self.layout[key]
+        }
+
+    def call(self, fn: Callable, wrt: str | None, vector: torch.Tensor | None, *args: Any) -> Any:
+        """fn(*args) with every group's parameters read from its flat vector (group ``wrt``'s
+        from ``vector``), so the graph reads only the flat vectors."""
+        swap: dict[str, torch.Tensor] = {}
+        for key, group in self.groups.items():
+            source = vector if key == wrt else group.flat.param.detach()
+            swap.update(self.params(key, source))
+        return torch.func.functional_call(
+            self.root, swap, (fn, *args), strict=False, tie_weights=False
+        )
+
+    def grad(self, fn: Callable, wrt: str, *args: Any) -> tuple[torch.Tensor, Any]:
+        """(d loss / d group ``wrt``'s flat vector, (loss, aux)) where ``fn(*args)`` returns
+        (loss, aux)."""
+
+        def loss_of(vector: torch.Tensor) -> tuple[torch.Tensor, Any]:
+            return self.call(fn, wrt, vector, *args)
+
+        vector = self.groups[wrt].flat.param.detach()
+        return torch.func.grad_and_value(loss_of, has_aux=True)(vector)
+
+
+def polyak_pairs(
+    functional: Functional, key: str, target: str, source: str
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(parameters of net ``target``, views of group ``key``'s flat vector for the matching
+    parameters of net ``source``) for an in-graph Polyak update."""
+    views = functional.params(key, functional.groups[key].flat.param.detach())
+    nets = functional.root.nets
+    names = [name for name, _ in nets[target].named_parameters()]
+    return [p.detach() for p in nets[target].parameters()], [
+        views[f"nets.{source}.{name}"] for name in names
+    ]
+
+
+@torch.no_grad()
+def lerp_(targets: list[torch.Tensor], sources: list[torch.Tensor], weight: torch.Tensor) -> None:
+    """theta_target <- theta_target + weight (theta - theta_target); ``weight`` a 0-dim tensor
+    (tau on update steps, 0 otherwise: no recompilation, no branch in the step)."""
+    for t, s in zip(targets, sources):
+        t.lerp_(s, weight)
+
+
+class CompiledStep:
+    """``torch.compile`` of a step function, compiled on its first call (whose wall time,
+    compilation included, is added to ``seconds``: how long compiling took, near enough)."""
+
+    def __init__(self, fn: Callable, timer: list[float]):
+        self.fn = torch.compile(
+            fn, backend=BACKEND, dynamic=False, fullgraph=True
+        )  # a graph break is an error
+        self.timer = timer
+        self.compiled = False
+
+    def __call__(self, *args: Any) -> Any:
+        if self.compiled:
+            return self.fn(*args)
+        start = time.perf_counter()
+        out = self.fn(*args)
+        self.timer[0] += time.perf_counter() - start
+        self.compiled = True
+        return out
+
+
+class _CudaGraphs:
+    """The CUDA side of :class:`GraphedStep` (tests on CPU pass a fake with these two calls)."""
+
+    @staticmethod
+    def warm(fn: Callable, args: tuple) -> Any:
+        """Run ``fn(*args)`` on a side stream (as capture needs: warm-up off the default
+        stream), ordered after and before the current stream's work."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = fn(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        return out
+
+    @staticmethod
+    def capture(fn: Callable[[], Any]) -> tuple[Any, Any]:
+        """(graph, static outputs) of ``fn()`` recorded, not run: replay runs it."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+        return graph, out
+
+
+class GraphedStep:
+    """A step captured once into a CUDA graph and replayed (LeanRL's recipe, without tensordict).
+
+    Calls 1..``warmup`` run ``step`` eagerly on a side stream (compilation and allocator warm-up
+    happen there; each call is a real update). The next call copies its inputs into static
+    buffers, captures ``step`` reading them, and replays; every later call copies its inputs
+    into the same buffers and replays. Each call is therefore exactly one step. Inputs must keep
+    their shapes, dtypes and non-tensor values (else ValueError: build a new step); the
+    returned tensors are clones of the graph's static outputs (the next replay overwrites them).
+    Everything the step mutates (parameters, Adam state, targets) must stay at its address:
+    rebuild the step after ``load_state_dict`` or ``to`` (the agents do).
+    """
+
+    def __init__(self, step: Callable, warmup: int = 2, graphs: Any = None):
+        self.step, self.warmup, self.graphs = step, warmup, graphs or _CudaGraphs()
+        self.calls = 0
+        self.graph: Any = None
+        self.spec: Any = None
+        self.static_in: list[Any] = []
+        self.static_out: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        leaves, spec = torch.utils._pytree.tree_flatten(args)
+        if self.calls < self.warmup:
+            self.calls += 1
+            return self.graphs.warm(self.step, args)
+        if self.graph is None:
+            self.spec = spec
+            self.static_in = [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
+            static_args = torch.utils._pytree.tree_unflatten(self.static_in, spec)
+            self.graph, self.static_out = self.graphs.capture(lambda: self.step(*static_args))
+        else:
+            self._copy_in(leaves, spec)
+        self.calls += 1
+        self.graph.replay()
+        return torch.utils._pytree.tree_map(
+            lambda x: x.clone() if isinstance(x, torch.Tensor) else x, self.static_out
+        )
+
+    def _copy_in(self, leaves: list[Any], spec: Any) -> None:
+        if spec != self.spec:
+            raise ValueError(f"step inputs: expected the structure {self.spec}, got {spec}")
+        for i, (static, x) in enumerate(zip(self.static_in, leaves)):
+            if isinstance(static, torch.Tensor):
+                if (
+                    not isinstance(x, torch.Tensor)
+                    or x.shape != static.shape
+                    or (x.dtype != static.dtype)
+                ):
+                    got = (tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x
+                    raise ValueError(
+                        f"step input {i}: a CUDA graph replays static shapes; expected "
+                        f"{(tuple(static.shape), static.dtype)}, got {got} (keep the batch size)"
+                    )
+                static.copy_(x, non_blocking=True)
+            elif x != static:
+                raise ValueError(
+                    f"step input {i}: expected the captured value {static!r}, got {x!r}"
+                )
+
+
+def compiled_step(fn: Callable, device: torch.device, timer: list[float]) -> Callable:
+    """``fn`` compiled (:class:`CompiledStep`); on CUDA also graphed (:class:`GraphedStep`)."""
+    step: Callable = CompiledStep(fn, timer)
+    if device.type == "cuda":
+        step = GraphedStep(step)
+    return step
