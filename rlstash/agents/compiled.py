@@ -58,6 +58,7 @@ class FlatAdam:
             "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
         }
         self.lr = torch.tensor(float(lr), device=param.device)  # the compiled step's lr
+        self.eps = float(eps)  # (the step reads no param_groups: Dynamo would guard on lr)
 
     def set_lr(self, lr: float) -> None:
         """The step size of both paths (a host write: no read, no recompilation)."""
@@ -83,10 +84,9 @@ class FlatAdam:
         if max_grad_norm is not None:
             grad = grad * (max_grad_norm / (norm + 1e-6)).clamp(max=1.0)
         state = self.opt.state[self.flat.param]
-        eps = self.opt.param_groups[0]["eps"]
         adam_update(
             self.flat.param.detach(), grad, state["exp_avg"], state["exp_avg_sq"],
-            state["step"], self.lr, eps,
+            state["step"], self.lr, self.eps,
         )  # fmt: skip
         return norm if max_grad_norm is not None else torch.zeros_like(norm)
 

@@ -111,6 +111,7 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
             if time.monotonic() - last_log > 1.0:
                 last_log = time.monotonic()
                 log.log(run.step, _progress_row(run, metrics))
+                log.note_compile(getattr(agent, "compile_seconds", 0.0))
             if run.step >= next_eval:
                 next_eval += cfg.eval_every * math.ceil((run.step - next_eval + 1) / cfg.eval_every)
                 _evaluate(run, log)
@@ -123,6 +124,7 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
         checkpoint.save(run.run_dir, run.state(), rb)
         raise
     ckpt = checkpoint.save(run.run_dir, run.state(), rb)
+    log.note_compile(getattr(agent, "compile_seconds", 0.0), final=True)
     plot = plot_learning_curve(run.run_dir, run.threshold)
     last = run.evals[-1]["return_mean"] if run.evals else float("nan")
     verdict = "solved" if solved else "stopped"

@@ -226,6 +226,7 @@ def run_loop(run: OnPolicyRun, log: Any) -> Any:
             if time.monotonic() - last_log > 1.0:  # device metrics are read only here
                 last_log = time.monotonic()
                 log.log(run.step, _progress_row(run, _host(metrics)))
+                log.note_compile(getattr(agent, "compile_seconds", 0.0))
             if run.step >= next_eval:
                 next_eval += cfg.eval_every * math.ceil((run.step - next_eval + 1) / cfg.eval_every)
                 _evaluate(run, log)
@@ -238,6 +239,7 @@ def run_loop(run: OnPolicyRun, log: Any) -> Any:
         checkpoint.save(run.run_dir, run.state())
         raise
     ckpt = checkpoint.save(run.run_dir, run.state())
+    log.note_compile(getattr(agent, "compile_seconds", 0.0), final=True)
     plot = plot_learning_curve(run.run_dir, run.threshold)
     last = run.evals[-1]["return_mean"] if run.evals else float("nan")
     verdict = "solved" if solved else "stopped"

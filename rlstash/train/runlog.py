@@ -87,6 +87,21 @@ class RunLog:
         self._last_line = 0.0
         self._t0 = time.monotonic()
         self._step0 = start_step
+        self._compile_seen: float | None = 0.0  # None once said
+
+    def note_compile(self, seconds: float, final: bool = False) -> None:
+        """Say once how long compiling the agent's update took (``compile=True``): at the first
+        call that finds ``seconds`` > 0 and no longer growing (every step compiled; TD3's actor
+        step and PPO's last minibatch size compile a little later), or at the ``final`` call."""
+        if self._compile_seen is None or seconds <= 0:
+            return
+        if final or seconds == self._compile_seen:
+            self.info(
+                f"compiled the update in {seconds:.1f} s (compile=True; part of the training time)"
+            )
+            self._compile_seen = None
+        else:
+            self._compile_seen = seconds
 
     def info(self, text: str) -> None:
         if self._bar is not None:

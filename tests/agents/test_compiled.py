@@ -124,8 +124,11 @@ def _run(make, batch_of, n: int) -> tuple:
 
 @pytest.mark.parametrize("name", sorted(AGENTS))
 def test_compiled_update_equals_eager(name, aot_eager):
+    torch._dynamo.utils.counters.clear()
     eager, comp, out_e, out_c = _run(*AGENTS[name], n=5)
     assert comp.updates == eager.updates == 5 and comp.compile_seconds > 0
+    # one graph per step, whatever changed between updates (lr, Polyak weight, batch)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == len(comp._steps)
     assert eager.compile_seconds == 0
     assert_same_agents(eager, comp)
     logged_e, logged_c = read_metrics(out_e), read_metrics(out_c)
@@ -135,6 +138,7 @@ def test_compiled_update_equals_eager(name, aot_eager):
     torch.testing.assert_close(out_c["td_error"], out_e["td_error"], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_compiled_sac_with_inductor_equals_eager(no_cuda):
     """The real backend (C++ from inductor): the arithmetic agrees after a few updates."""
     eager, comp, _, _ = _run(*AGENTS["sac"], n=3)
@@ -260,3 +264,25 @@ def test_graphed_step_refuses_a_new_shape():
     assert out.tolist() == [4.0, 4.0, 4.0]
     with pytest.raises(ValueError, match=r"step input 0: a CUDA graph replays static shapes"):
         step(torch.ones(4))
+
+
+@pytest.mark.parametrize("algo", ["dqn", "ppo"])
+def test_train_with_compile_flag_says_once_how_long_compiling_took(
+    algo, tmp_path, capsys, aot_eager
+):
+    from rlstash.train.cli import main
+
+    settings = ["--set", "net_arch=[8]", "--set", "eval_every=512", "--set", "eval_episodes=1"]
+    if algo == "dqn":
+        settings += ["--set", "learning_starts=64", "--set", "train_freq=16"]
+        settings += ["--set", "batch_size=16"]
+    else:
+        settings += ["--set", "rollout_steps=32", "--set", "num_envs=2"]
+        settings += ["--set", "minibatch_size=16", "--set", "n_epochs=1"]
+    argv = ["train", "--quiet", "--device", "cpu", "--run-dir", str(tmp_path), "--algo", algo]
+    argv += ["--env", "CartPole-v1", "--steps", "256", "--compile", *settings]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("compiled the update in")]
+    assert len(lines) == 1, out
+    assert float(lines[0].split()[4]) > 0
