@@ -52,8 +52,9 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from rlstash.agents import compiled
 from rlstash.agents.actions import ActionMask
-from rlstash.agents.compiled import FlatAdam, Functional, compiled_step, lerp_, polyak_pairs
+from rlstash.agents.compiled import FlatAdam, Functional, lerp_, polyak_pairs
 from rlstash.device import resolve_device
 from rlstash.settings import SettingError, check_types, setting
 
@@ -326,13 +327,22 @@ class AgentBase:
         """Wall seconds the compiled steps' first calls took (0 without ``compile``)."""
         return self.compile_timer[0]
 
-    def _compiled(self, name: str, fn: Any) -> Any:
+    def _compiled(self, name: str, fn: Any, device: torch.device | None = None) -> Any:
         """The step ``fn`` compiled once (on its first call) and kept under ``name``; on CUDA
         also captured into a CUDA graph (:class:`rlstash.agents.compiled.GraphedStep`)."""
         step = self._steps.get(name)
         if step is None:
-            step = self._steps[name] = compiled_step(fn, self.device, self.compile_timer)
+            device = device if device is not None else self.device
+            step = self._steps[name] = compiled.compiled_step(fn, device, self.compile_timer)
         return step
+
+    def _act_step(self, rows: int, fn: Any) -> Any:
+        """The exploration step ``fn`` compiled and captured (one graph per batch size) when
+        ``config.compile`` and ``act_device`` is CUDA, where launches dominate acting; None
+        (act eagerly) elsewhere."""
+        if not (self.config.compile and self.act_device.type in compiled.GRAPH_DEVICES):
+            return None
+        return self._compiled(f"act-{rows}", fn, self.act_device)
 
     def _shares_actor(self) -> bool:
         """Whether ``act`` runs on the learner's networks (same device) or on a copy."""

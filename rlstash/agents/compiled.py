@@ -37,6 +37,7 @@ from torch import nn
 from rlstash.agents.flat import FlatParams
 
 BETAS = (0.9, 0.999)
+GRAPH_DEVICES = ("cuda",)  # where compiled steps are also captured into CUDA graphs
 BACKEND = "inductor"  # torch.compile backend of the steps (tests use "aot_eager": same tracing)
 
 
@@ -310,6 +311,6 @@ class GraphedStep:
 def compiled_step(fn: Callable, device: torch.device, timer: list[float]) -> Callable:
     """``fn`` compiled (:class:`CompiledStep`); on CUDA also graphed (:class:`GraphedStep`)."""
     step: Callable = CompiledStep(fn, timer)
-    if device.type == "cuda":
-        step = GraphedStep(step)
+    if device.type in GRAPH_DEVICES:
+        step = GraphedStep(step, graphs=_CudaGraphs())
     return step

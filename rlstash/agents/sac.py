@@ -207,11 +207,20 @@ class SAC(AgentBase):
         if mask is not None:
             raise ValueError("mask: continuous actions take no availability mask, got a tensor")
         obs = self._prepare_obs(obs, self.obs_shape)
+        dev, rows = self.act_device, obs.shape[0]
         with torch.no_grad():
-            a, _ = self.actor["actor"].sample(obs, self.act_gen, deterministic)  # [N, A] in [-1, 1]
-            if not deterministic:
-                self.env_steps += obs.shape[0]
-            return self.center.to(self.act_device) + self.scale.to(self.act_device) * a
+            if deterministic:
+                a, _ = self.actor["actor"].sample(obs, self.act_gen, True)  # [N, A] in [-1, 1]
+                return self.center.to(dev) + self.scale.to(dev) * a
+            eps = torch.randn((rows, self.act_dim), generator=self.act_gen, device=dev)  # [N, A]
+            self.env_steps += rows
+            graphed = self._act_step(rows, self._act)
+            return graphed(obs, eps) if graphed is not None else self._act(obs, eps)
+
+    def _act(self, obs: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        """Actions in [low, high] for observations and standard normal noise [N, A]."""
+        a, _ = self.actor["actor"].rsample(obs, eps)  # [N, A] in [-1, 1]
+        return self.center.to(obs.device) + self.scale.to(obs.device) * a
 
     @torch.no_grad()
     def td_target(

@@ -138,10 +138,17 @@ class TD3(AgentBase):
                 a = 2 * torch.rand((rows, self.act_dim), generator=gen, device=dev) - 1
             else:
                 noise = torch.randn((rows, self.act_dim), generator=gen, device=dev)
-                a = (self.actor["actor"](obs) + self.config.exploration_noise * noise).clamp(-1, 1)
+                self.env_steps += rows
+                graphed = self._act_step(rows, self._act)
+                return graphed(obs, noise) if graphed is not None else self._act(obs, noise)
             if not deterministic:
                 self.env_steps += rows
             return self.center.to(dev) + self.scale.to(dev) * a
+
+    def _act(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """Exploration actions in [low, high]: pi(s) + sigma * noise, clipped to [-1, 1]."""
+        a = (self.actor["actor"](obs) + self.config.exploration_noise * noise).clamp(-1, 1)
+        return self.center.to(obs.device) + self.scale.to(obs.device) * a
 
     @torch.no_grad()
     def td_target(self, batch: Batch, noise: torch.Tensor | None = None) -> torch.Tensor:

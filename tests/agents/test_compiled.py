@@ -242,19 +242,23 @@ class FakeGraphs:
 
 
 @pytest.mark.parametrize("name", ["sac", "td3"])
-def test_graphed_update_logic_equals_eager(name, monkeypatch):
-    """The GraphedStep plumbing (warm-up calls, one capture, inputs copied into the static
-    buffers, outputs cloned) around the uncompiled step: same parameters as eager."""
+def test_graphed_update_and_act_logic_equals_eager(name, monkeypatch, aot_eager):
+    """The CUDA path's logic on CPU: compiled steps wrapped in GraphedStep (warm-up calls, one
+    capture, inputs copied into the static buffers, outputs cloned), the graph faked; update
+    and exploration actions equal the eager agent's."""
     fakes = FakeGraphs()
-    monkeypatch.setattr(
-        compiled, "compiled_step", lambda fn, device, timer: GraphedStep(fn, 2, fakes)
-    )
-    monkeypatch.setattr("rlstash.agents.base.compiled_step", compiled.compiled_step)
+    monkeypatch.setattr(compiled, "GRAPH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(compiled, "_CudaGraphs", lambda: fakes)
     eager, graphed, out_e, out_g = _run(*AGENTS[name], n=6)
-    assert fakes.captured == len(graphed._steps) and fakes.warmed == 2 * len(graphed._steps)
-    assert fakes.replayed > 0
     assert_same_agents(eager, graphed)
     torch.testing.assert_close(out_g["td_error"], out_e["td_error"], atol=1e-5, rtol=1e-4)
+    eager.env_steps = graphed.env_steps = 10_000  # past TD3's uniform warm-up
+    obs = torch.randn(3, 3)
+    for _ in range(4):
+        torch.testing.assert_close(graphed.act(obs), eager.act(obs), atol=1e-5, rtol=1e-4)
+    assert "act-3" in graphed._steps and "act-3" not in eager._steps
+    assert fakes.captured == len(graphed._steps) and fakes.warmed == 2 * len(graphed._steps)
+    assert fakes.replayed > 0
 
 
 def test_graphed_step_refuses_a_new_shape():
