@@ -22,7 +22,7 @@ Identical settings on both sides (what the implementation is worth; learn_same.m
 ``dqn_same`` CartPole-v1 with the RL Zoo's DQN settings ((256, 256), 1-step returns),
 ``sac_same`` HalfCheetah-v5 with SB3's SAC defaults ((256, 256), 15,000 env steps, seconds
 only), ``td3_same`` Pendulum-v1 with the RL Zoo's TD3 settings ((400, 300)); ``updates``: each
-agent's update rate as a fraction of its network's compute limit (bench/update_flops.py).
+agent's update rate as a fraction of its network's compute limit (bench/updates.py).
 Where a preset part and an identical-settings part run SB3 with the same settings (dqn and
 dqn_same, td3 and td3_same), they share SB3's runs.
 
@@ -179,9 +179,9 @@ def run_learning(store: RunStore, part: str, seeds: list[int], budget: int, libs
 def run_extra(store: RunStore, part: str) -> None:
     """The contextual parts and the update rates: each item in a fresh process, kept apiece."""
     if part == "updates":
-        import update_flops
+        import updates
 
-        for name in update_flops.CONFIGS:
+        for name in updates.CONFIGS:
             out = spawn({"part": "updates", "name": name}, timeout=1800)
             store.save_item("updates", name, out)
             print(f"updates {name}: {json.dumps(out)[:300]}", flush=True)

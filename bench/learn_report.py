@@ -251,7 +251,7 @@ def _header(title: str, paras: list[str], machine: dict, old: Previous) -> list[
 def write_reports(store: Any, results_dir: Path, paras: dict[str, list[str]]) -> list[Path]:
     """Regenerate learn.md and learn_same.md from the kept runs in ``store`` (bench/learn.py's
     RunStore); ``paras``: the method paragraphs of each report."""
-    import update_flops
+    import updates
 
     written = []
     for report, group in (("learn.md", "preset"), ("learn_same.md", "same")):
@@ -280,7 +280,7 @@ def write_reports(store: Any, results_dir: Path, paras: dict[str, list[str]]) ->
                      else old.kept(f"## {algo}, 100,000 actions"))  # fmt: skip
         if group == "same":
             items = store.items("updates")
-            body += update_flops.section(items) if items else old.kept("## Update rates")
+            body += updates.section(items) if items else old.kept("## Update rates")
         lines = _header(paras[report][0], paras[report][1:], newest.get("machine", {}), old)
         lines += body
         results_dir.mkdir(parents=True, exist_ok=True)

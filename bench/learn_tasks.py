@@ -248,8 +248,8 @@ def worker(task: dict) -> dict:
         fn = contextual.run if task["part"] == "contextual" else contextual.run_ppo
         return fn(**task["args"])
     if task["part"] == "updates":
-        import update_flops
+        import updates
 
-        return update_flops.measure(task["name"])
+        return updates.measure(task["name"])
     fn = run_rlstash if task["lib"] == "rlstash" else run_sb3
     return fn(task["part"], task["seed"], task["budget"])

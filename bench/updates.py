@@ -214,8 +214,8 @@ def section(results: dict[str, Any]) -> list[str]:
 
     rows = []
     for name, r in results.items():
-        if "error" in r:
-            rows.append([name, r["error"], *[""] * 8])
+        if "error" in r or "sides" not in r:
+            rows.append([name, r.get("error", "an earlier format: rerun"), *[""] * 8])
             continue
         sb3 = r["sides"].get("SB3", {}).get("updates_per_s")
         for side in SIDES:
@@ -230,7 +230,7 @@ def section(results: dict[str, Any]) -> list[str]:
                          f"{s['spread']:.2f}", compile_s, f"{r['matmul_flops'] / 1e9:.0f}"])  # fmt: skip
     headers = ["config", "side", "MFLOP/update", "updates/s", "limit updates/s",
                "fraction of limit", "x SB3", "spread", "compile s", "matmul GFLOP/s"]  # fmt: skip
-    return [markdown_table(headers, rows), ""]
+    return ["## Update rates against the compute limit", "", markdown_table(headers, rows), ""]
 
 
 def _child(name: str) -> dict[str, Any]:
@@ -261,7 +261,12 @@ def main() -> int:
         print(f"[updates] {name}: {json.dumps(results[name])}", flush=True)
     info["load_average_1m_end"] = round(os.getloadavg()[0], 2)
     doc = __doc__.split("\n\n")
-    lines = ["# Update rates against the compute limit", "", *header_lines(info), ""]
+    lines = [
+        "# Agent updates: rlstash eager and compiled, SB3, CleanRL-style",
+        "",
+        *header_lines(info),
+        "",
+    ]
     lines += [x for para in doc[2:] for x in (para.replace("``", "`"), "")]
     lines += section(results)
     Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=1))
