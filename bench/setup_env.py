@@ -52,6 +52,8 @@ PEERS = {
     "opencv-python-headless": "5.0.0.93",  # gymnasium AtariPreprocessing (bench/stream.py)
     "mujoco": "4.0.0",
     "imageio": "2.38.1",  # gymnasium's MuJoCo envs (HalfCheetah-v5 in bench/learn.py) import it
+    "lz4": "4.4.5",  # rlstash's compressed frames (bench/frames.py)
+    "zstandard": "0.25.0",
 }
 RECIPE = "ext-build-v1"  # bump when the extension build below changes
 STAMP = VENV / ".bench-stamp"

@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "TensorStorage": "rlstash.storage.ram",
     "MemmapStorage": "rlstash.storage.disk",
     "StreamStorage": "rlstash.storage.stream",
+    "FrameCompression": "rlstash.storage.frames",
     "TieredStorage": "rlstash.storage.tiered",
     "BootstrapMask": "rlstash.storage.bootstrap",
     "UniformSampler": "rlstash.sampler",
@@ -77,6 +78,7 @@ __all__ = [
     "DiscreteSACConfig",
     "ProcessPoolVectorEnv",
     "Field",
+    "FrameCompression",
     "HistorySummarizer",
     "HistoryWindow",
     "transitions_from_windows",
@@ -140,6 +142,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler
     from rlstash.spec import Field, Spec
     from rlstash.storage.disk import MemmapStorage
+    from rlstash.storage.frames import FrameCompression
     from rlstash.storage.ram import TensorStorage
     from rlstash.storage.rollout import RolloutStorage
     from rlstash.train.config import TrainConfig

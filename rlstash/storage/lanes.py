@@ -292,6 +292,18 @@ class Lanes:
         self.next_ep[sel], self.pending[sel] = 0, False
         self.refresh(sel)
 
+    def drop_before(self, floor: np.ndarray) -> None:
+        """Slots below ``floor`` [N] (slot numbers per lane) are gone (a compressed frame
+        arena reused their bytes): they stop being alive and no start may need them."""
+        old, L = self.alive_floor(), self.L
+        sel = np.flatnonzero(floor > old)
+        for e in sel:
+            rows = self.base[e] + np.arange(old[e], floor[e]) % L
+            self.flags[rows], self.valid[rows] = 0, False
+        if sel.size:
+            self.floor[sel] = floor[sel]
+            self.refresh(sel)
+
     def drop_restarted(self, sel: np.ndarray, back: int) -> None:
         """The step stored ``back`` slots ago in lanes ``sel`` never happened (its worker was
         restarted): its obs becomes the episode's final obs and the step before it turns

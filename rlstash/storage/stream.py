@@ -77,6 +77,7 @@ from rlstash.device import resolve_device
 from rlstash.indices import as_rows
 from rlstash.spec import Batch, Field, Spec
 from rlstash.storage import register_kind
+from rlstash.storage.frames import FrameBacking, FrameCompression, frame_fields, frame_plan_bytes
 from rlstash.storage.lanes import LANE_KEYS, TERM, TRUNC, WRITTEN, Lanes
 from rlstash.storage.ram import TensorStorage, as_spec, numpy_view
 
@@ -164,7 +165,8 @@ class StreamStorage:
         num_envs: N, the number of lanes. Each gets ``capacity // num_envs`` slots.
         capacity: slots in total (rounded down to a multiple of ``num_envs``).
         backing: ``"ram"`` (TensorStorage on ``device``), ``"disk"`` (MemmapStorage at
-            ``path``) or a factory ``(spec, capacity) -> storage``. A factory with a ``path``
+            ``path``), a :class:`~rlstash.storage.frames.FrameCompression` (RAM, pixel
+            frames compressed with lz4 or zstd, decoded on read) or a factory ``(spec, capacity) -> storage``. A factory with a ``path``
             must return a storage whose data persist there (a TieredStorage over a disk cold
             tier at ``path``): the stream keeps its bookkeeping beside it and resumes.
         autoreset: ``"next_step"`` or ``"same_step"`` (see the module docstring).
@@ -177,7 +179,7 @@ class StreamStorage:
         spec: Spec | Mapping,
         num_envs: int,
         capacity: int,
-        backing: str | Callable[[Spec, int], Storage] = "ram",
+        backing: str | FrameCompression | Callable[[Spec, int], Storage] = "ram",
         device: str | torch.device = "cpu",
         path: str | os.PathLike | None = None,
         autoreset: str = "next_step",
@@ -210,12 +212,15 @@ class StreamStorage:
         self._path: Path | None = None
         self._cut = np.zeros(num_envs, bool)  # lanes whose episode ends before the next extend
         self._margin = max(2, L // 16)  # disk: steps per lane between bookkeeping saves
+        self.compression = backing if isinstance(backing, FrameCompression) else None
         self.backing = self._open_backing(backing, device, path, allow_overcommit)
         self.device = torch.device(self.backing.device)
         self._closed = False
 
     # ------------------------------------------------------------------ construction
     def _open_backing(self, backing: Any, device: Any, path: Any, overcommit: bool) -> Any:
+        if isinstance(backing, FrameCompression):
+            return self._frame_backing(backing, device, path, overcommit)
         if backing == "ram":
             return TensorStorage(self.slot_spec, self.capacity, device, overcommit)
         if backing == "disk":
@@ -242,6 +247,25 @@ class StreamStorage:
                 f"capacity {self.capacity}, got {store!r}"
             )
         return store if path is None else self._keep_books(store, Path(path).absolute(), resume)
+
+    def _frame_backing(
+        self, comp: FrameCompression, device: Any, path: Any, overcommit: bool
+    ) -> FrameBacking:
+        """Compressed frames in RAM: checks that they apply here, then plans and allocates."""
+        if path is not None or resolve_device(device, "device", allow_none=False).type != "cpu":
+            raise ValueError(
+                f"backing: compressed frames live in host RAM (no path, device 'cpu'), got "
+                f"path={path!r}, device={str(device)!r}; deliver batches to a GPU with "
+                "ReplayBuffer(device=...)"
+            )
+        keys = frame_fields(self.slot_spec, self.obs_keys)
+        if not keys:
+            raise ValueError(
+                f"backing: FrameCompression compresses uint8 pixel obs fields (2+ dims), but "
+                f"the obs fields are {[self.slot_spec[k].describe() for k in self.obs_keys]}; "
+                "use backing='ram'"
+            )
+        return FrameBacking(self.slot_spec, self.lanes, comp, keys, overcommit)
 
     def _check_dir(self, path: Path) -> bool:
         """True when ``path`` holds a stream to resume; refuses a plain MemmapStorage."""
@@ -306,6 +330,7 @@ class StreamStorage:
             "autoreset": self.autoreset,
             "reads": asdict(self.reads),
             "stacked_input": self.stacked_input,
+            **({"frames": self.compression.to_dict()} if self.compression else {}),
         }
 
     # ------------------------------------------------------------------ sizes and masks
@@ -357,11 +382,20 @@ class StreamStorage:
         frame_stack: int = 1,
         stacked_input: bool = False,
         num_envs: int = 1,
+        compression: FrameCompression | None = None,
     ) -> dict[str, int]:
         """Exact bytes of a stream storage of ``capacity`` slots over ``num_envs`` lanes: per
-        stored field, plus the host-RAM bookkeeping of the lanes (3 B per slot, 42 per lane)."""
+        stored field, plus the host-RAM bookkeeping of the lanes (3 B per slot, 42 per lane).
+        With ``compression`` the frame fields are its arena and index instead (sized by its
+        ``budget``; see :mod:`rlstash.storage.frames`)."""
         slots = capacity // num_envs * num_envs
-        out = slot_spec(spec, frame_stack, stacked_input).field_nbytes(slots)
+        sspec = slot_spec(spec, frame_stack, stacked_input)
+        out = sspec.field_nbytes(slots)
+        if compression is not None:
+            keys = frame_fields(sspec, obs_names(sspec))
+            for k in keys:
+                del out[k]
+            out.update(frame_plan_bytes(sspec, keys, compression, num_envs, slots // num_envs))
         out["bookkeeping"] = _bookkeeping_bytes(num_envs, slots)
         return out
 
@@ -631,6 +665,7 @@ class StreamStorage:
         obs frames go straight into ``out`` when it fits."""
         tensors = getattr(self.backing, "tensors", None)
         res: Batch = {}
+        arenas = self.backing.arenas if self.compression else {}
         if not tensors:  # e.g. a TieredStorage: one read of every row needed
             flat = np.concatenate([r.reshape(-1) for r in req.values()])
             uniq, inv = np.unique(flat, return_inverse=True)
@@ -646,6 +681,10 @@ class StreamStorage:
             order.before_read()
         for name, r in req.items():
             field = name.removeprefix("next_")
+            if field in arenas:  # compressed frames: decoded here
+                dst = None if out is None else out.get(name)
+                res[name] = self.backing.gather_frames(field, r, dst)
+                continue
             t = tensors[field]
             dst = _out_for(out, name, r.size, t) if field in self.obs_keys else None
             if t.device.type == "cpu":
@@ -711,6 +750,10 @@ class StreamStorage:
             stacked_input=cfg["stacked_input"],
         )
         kind = state["backing"].get("kind")
+        if kind == "FrameBacking":
+            store = cls(*args, FrameCompression(**cfg["frames"]), **kw)
+            store.load_state_dict(state)
+            return store
         if kind == "MemmapStorage":
             return cls(*args, "disk", path=state["backing"]["path"], **kw)
         if kind == "TieredStorage" and state["backing"]["cold"].get("kind") == "MemmapStorage":

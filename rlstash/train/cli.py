@@ -111,6 +111,8 @@ def build_plan(args: argparse.Namespace) -> tuple[MemoryPlan, str]:
     sampler = _plan_sampler(args.sampler)
     common = dict(storage=args.storage, device=args.device, path=args.path, sampler=sampler)
     if args.layout == "naive":
+        if args.compress is not None:
+            raise ValueError("--compress: compressed frames need --layout stream")
         return plan(spec, args.capacity, **common), _stream_figures(spec, args)
     from rlstash.storage.stream import StreamStorage, slot_spec, transition_step
 
@@ -121,9 +123,37 @@ def build_plan(args: argparse.Namespace) -> tuple[MemoryPlan, str]:
             "--field or use --layout naive"
         )
     slots = args.capacity // args.num_envs * args.num_envs
-    bookkeeping = StreamStorage.plan_bytes(step, slots, k, stacked, args.num_envs)["bookkeeping"]
+    comp = _plan_compression(args)
+    parts = StreamStorage.plan_bytes(step, slots, k, stacked, args.num_envs, comp)
+    overhead = {"stream: lane bookkeeping": parts.pop("bookkeeping")}
     stored = slot_spec(step, k, stacked)
-    return plan(stored, slots, overhead={"stream: lane bookkeeping": bookkeeping}, **common), ""
+    if comp is None:
+        return plan(stored, slots, overhead=overhead, **common), ""
+    from rlstash.storage.frames import compression_note
+
+    packed = Spec({n: f for n, f in stored.items() if n in parts})
+    overhead.update({f"frames: {n}": b for n, b in parts.items() if n not in packed})
+    note = compression_note(stored, comp, args.num_envs, slots // args.num_envs)
+    return plan(packed, slots, overhead=overhead, **common), note
+
+
+def _plan_compression(args: argparse.Namespace) -> Any:
+    """The FrameCompression of ``--compress`` (None without it); errors name the flag."""
+    if args.compress is None:
+        return None
+    from rlstash.storage.frames import FrameCompression
+
+    if args.storage != "ram" or _plan_device(args.device) != "cpu":
+        raise ValueError(
+            "--compress: compressed frames live in host RAM; use --storage ram --device cpu"
+        )
+    try:
+        return FrameCompression(
+            args.compress, delta=args.compress_delta, budget=args.compress_budget
+        )
+    except ValueError as exc:
+        flag = "--compress-budget" if "budget" in str(exc) else "--compress"
+        raise ValueError(f"{flag}: {exc}") from None
 
 
 def _check_plan_args(args: argparse.Namespace) -> None:
@@ -232,6 +262,24 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=4,
         help="frames per observation (stream layout stores single frames)",
+    )
+    sp.add_argument(
+        "--compress",
+        default=None,
+        help="stream layout: compress pixel frames with this codec (lz4 or zstd; the extra "
+        "'compress'); the arena is sized by --compress-budget",
+    )
+    sp.add_argument(
+        "--compress-budget",
+        type=float,
+        default=0.5,
+        help="planned stored bytes per frame as a fraction of a raw frame (Atari frames "
+        "take ~0.04 with lz4; frames that compress worse keep fewer transitions, never more bytes)",
+    )
+    sp.add_argument(
+        "--compress-delta",
+        action="store_true",
+        help="code each frame against the previous frame of its env (smaller, slower reads)",
     )
     sp.set_defaults(func=cmd_plan)
     sp.error = _one_line_error(sp, "plan")  # type: ignore[method-assign]

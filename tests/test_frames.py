@@ -1,0 +1,270 @@
+"""Compressed frames (StreamStorage(backing=FrameCompression(...))) against the plain stream."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rlstash.storage.codecs import CODECS, make_codec
+from rlstash.storage.frames import FrameArena, FrameCompression
+from rlstash.storage.stream import ReadSpec, StreamStorage
+
+H = W = 24
+
+
+def pong_like(T: int, N: int, seed: int) -> np.ndarray:
+    """Frames that look like an Atari screen: flat background, a border, two paddles and a
+    ball that move, a score that changes now and then. uint8 [T, N, H, W]."""
+    rng = np.random.default_rng(seed)
+    f = np.full((T, N, H, W), 87, np.uint8)
+    f[:, :, :2] = 236  # top border
+    f[:, :, -2:] = 236
+    t = np.arange(T)[:, None]
+    for e in range(N):
+        p0 = (np.cumsum(rng.integers(-1, 2, T)) % (H - 8)) + 2
+        p1 = (np.cumsum(rng.integers(-1, 2, T)) % (H - 8)) + 2
+        bx = (t[:, 0] * (1 + e) + 3) % (W - 4) + 2
+        by = (t[:, 0] * 2 + e) % (H - 4) + 2
+        for i in range(T):
+            f[i, e, p0[i] : p0[i] + 4, 1:3] = 147
+            f[i, e, p1[i] : p1[i] + 4, W - 3 : W - 1] = 92
+            f[i, e, by[i] : by[i] + 1, bx[i] : bx[i] + 1] = 236
+            f[i, e, 0, : (i // 37) % 6 + 1] = 50  # "score"
+    return f
+
+
+def random_frames(T: int, N: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (T, N, H, W), dtype=np.uint8)
+
+
+def episodes(T: int, N: int, seed: int, mean: int = 12) -> tuple[np.ndarray, np.ndarray]:
+    """terminated, truncated [T, N] of random episode ends (next-step autoreset)."""
+    rng = np.random.default_rng(seed + 1)
+    end = rng.random((T, N)) < 1.0 / mean
+    trunc = end & (rng.random((T, N)) < 0.3)
+    return end & ~trunc, trunc
+
+
+def feed(stores, frames, term, trunc, chunk, stacked):
+    T, N = term.shape
+    k = stores[0].reads.frame_stack
+    for t0 in range(0, T, chunk):
+        t1 = min(T, t0 + chunk)
+        obs = torch.from_numpy(frames[t0:t1])
+        if stacked:  # the env's stacks: frames t-3..t (padding is not checked by the stream)
+            idx = np.maximum(np.arange(t0, t1)[:, None] - np.arange(k - 1, -1, -1), 0)
+            obs = torch.from_numpy(frames[idx].transpose(0, 2, 1, 3, 4).copy())
+        batch = {
+            "obs": obs,
+            "action": torch.arange(t0 * N, t1 * N).reshape(t1 - t0, N),
+            "reward": torch.rand(t1 - t0, N, generator=torch.Generator().manual_seed(t0)),
+            "terminated": torch.from_numpy(term[t0:t1]),
+            "truncated": torch.from_numpy(trunc[t0:t1]),
+        }
+        for s in stores:
+            s.extend(batch)
+
+
+def pair(comp, N=3, L=40, n_step=1, k=4, stacked=False):
+    shape = (k, H, W) if stacked else (H, W)
+    spec = {"obs": (shape, torch.uint8), "action": ((), torch.int64)}
+    reads = ReadSpec(n_step=n_step, gamma=0.9, frame_stack=k)
+    plain = StreamStorage(spec, N, N * L, reads=reads, stacked_input=stacked)
+    packed = StreamStorage(spec, N, N * L, backing=comp, reads=reads, stacked_input=stacked)
+    return plain, packed
+
+
+def assert_same_reads(plain, packed, max_lost):
+    """Every start the compressed stream holds reads as the plain one; it holds all of the
+    plain one's slots but at most ``max_lost`` per lane (the oldest, whose key frame left),
+    so all of its starts but those whose frames reach into them."""
+    assert not (packed.valid & ~plain.valid).any()
+    lost = packed.lanes.alive_floor() - plain.lanes.alive_floor()
+    assert (lost >= 0).all() and (lost <= max_lost).all(), lost
+    k = plain.reads.frame_stack
+    lost_starts = (plain.valid & ~packed.valid).reshape(plain.num_envs, -1).sum(1)
+    assert (lost_starts <= max_lost + k - 1).all(), lost_starts
+    idx = np.flatnonzero(packed.valid)
+    assert idx.size > 0
+    a, b = plain.read(idx), packed.read(idx)
+    assert set(a) == set(b)
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=0, atol=0, msg=key)
+    g = packed.gather(idx)  # the sampler's hot path (shared obs/next_obs gather)
+    for key in a:
+        torch.testing.assert_close(g[key], a[key], rtol=0, atol=0, msg=key)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("delta", [False, True])
+@pytest.mark.parametrize("kind", ["pong_like", "random"])
+def test_round_trip_equals_the_plain_stream_across_the_ring(codec, delta, kind):
+    T, N = 150, 3  # L = 40 slots per lane: the ring wraps ~3.7 times
+    frames = (pong_like if kind == "pong_like" else random_frames)(T, N, seed=1)
+    term, trunc = episodes(T, N, seed=2)
+    comp = FrameCompression(codec, delta=delta, key_every=5, budget=1.0)
+    plain, packed = pair(comp, N)
+    for chunk in (1, 7):
+        feed([plain, packed], frames[: T // 2] if chunk == 1 else frames[T // 2 :],
+             *(x[: T // 2] if chunk == 1 else x[T // 2 :] for x in (term, trunc)), chunk, False)  # fmt: skip
+        assert_same_reads(plain, packed, max_lost=comp.chain - 1)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("n_step,stacked", [(3, False), (1, True), (2, True)])
+def test_nstep_and_env_stacks_round_trip_at_every_step(codec, n_step, stacked):
+    T, N = 90, 2
+    frames = pong_like(T, N, seed=3)
+    term, trunc = episodes(T, N, seed=4, mean=9)
+    comp = FrameCompression(codec, delta=True, key_every=3, budget=1.0)
+    plain, packed = pair(comp, N, L=24, n_step=n_step, stacked=stacked)
+    for t in range(0, T, 5):
+        feed([plain, packed], frames[t : t + 5], term[t : t + 5], trunc[t : t + 5], 5, stacked)
+        if packed.valid.any():
+            assert_same_reads(plain, packed, max_lost=comp.chain - 1)
+
+
+@pytest.mark.parametrize("delta", [False, True])
+def test_a_small_budget_keeps_fewer_transitions_never_more_bytes(delta):
+    """Incompressible frames in an arena planned for a quarter of each: the oldest go first,
+    each lane keeps at least budget * L frames, and what is kept still reads right."""
+    T, N, L = 120, 2, 40
+    frames = random_frames(T, N, seed=5)
+    term, trunc = episodes(T, N, seed=6)
+    comp = FrameCompression("lz4", delta=delta, key_every=4, budget=0.25)
+    plain, packed = pair(comp, N, L=L)
+    planned = StreamStorage.plan_bytes(
+        {"obs": ((H, W), torch.uint8), "action": ((), torch.int64)}, N * L, 4, False, N, comp
+    )
+    assert packed.nbytes == sum(planned.values())  # exact, known before allocation (I2)
+    for t in range(0, T, 3):
+        feed([plain, packed], frames[t : t + 3], term[t : t + 3], trunc[t : t + 3], 3, False)
+        arena = packed.backing.arenas["obs"]
+        held = arena.count - arena.floor
+        assert (held >= min(t + 3, int(0.25 * L) - (comp.chain - 1))).all() and (
+            held < L // 2
+        ).all()
+        assert (packed.lanes.alive_floor() >= arena.floor).all()
+        if packed.valid.any():
+            assert_same_reads(plain, packed, max_lost=L)
+    assert arena.stored_bytes() <= arena.A * N
+
+
+def test_every_frame_is_decodable_after_its_reference_slot_is_reused():
+    """Delta chains never outlive their key: after many wraps, each frame the arena holds
+    decodes to what was written (checked directly on the arena, all lanes, every slot)."""
+    N, L, F = 2, 10, (6, 5)
+    comp = FrameCompression("zstd", delta=True, key_every=4, budget=0.6)
+    arena = FrameArena(F, N, L, comp)
+    rng = np.random.default_rng(7)
+    written = {}
+    for c in range(57):
+        fr = np.where(rng.random((N, 30)) < 0.8, 9, rng.integers(0, 256, (N, 30))).astype(np.uint8)
+        rows = np.arange(N) * L + c % L
+        arena.write(rows, fr)
+        for e in range(N):
+            written[(e, c)] = fr[e]
+        for e in range(N):
+            for s in range(int(arena.floor[e]), c + 1):
+                got = arena.gather(np.array([e * L + s % L]))
+                np.testing.assert_array_equal(got.reshape(-1), written[(e, s)])
+    assert (arena.count - arena.floor >= 1).all()
+
+
+def test_bad_codec_and_settings_name_the_option_and_the_choices():
+    with pytest.raises(
+        ValueError, match=r"FrameCompression.codec: expected one of \['lz4', 'zstd'\], got 'snappy'"
+    ):
+        FrameCompression("snappy")
+    with pytest.raises(ValueError, match="FrameCompression.budget"):
+        FrameCompression(budget=0.0)
+    with pytest.raises(ValueError, match="FrameCompression.key_every"):
+        FrameCompression(key_every=0)
+    with pytest.raises(ValueError, match=r"FrameCompression.level: zstd takes an int in \[1, 22\]"):
+        FrameCompression("zstd", level=40)
+    with pytest.raises(ValueError, match=r"codec: expected one of \['lz4', 'zstd'\]"):
+        make_codec("gzip")
+    spec = {"obs": ((4,), torch.float32), "action": ((), torch.int64)}
+    with pytest.raises(ValueError, match="uint8 pixel obs fields"):
+        StreamStorage(spec, 1, 10, backing=FrameCompression())
+    spec = {"obs": ((H, W), torch.uint8), "action": ((), torch.int64)}
+    with pytest.raises(ValueError, match="host RAM"):
+        StreamStorage(spec, 1, 10, backing=FrameCompression(), path="somewhere")
+
+
+def test_a_missing_codec_package_says_how_to_install_it(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "lz4.block", None)
+    monkeypatch.setitem(sys.modules, "zstandard", None)
+    for name in CODECS:
+        with pytest.raises(ImportError, match=r"pip install 'rlstash\[compress\]'"):
+            make_codec(name)
+
+
+def test_state_dict_round_trip_and_replay_buffer_sampling():
+    from rlstash.replay import ReplayBuffer
+
+    T, N = 70, 2
+    frames = pong_like(T, N, seed=8)
+    term, trunc = episodes(T, N, seed=9)
+    comp = FrameCompression("lz4", delta=True, key_every=4, budget=0.5)
+    plain, packed = pair(comp, N, L=30)
+    feed([plain, packed], frames, term, trunc, 10, False)
+    state = packed.state_dict()
+    again = StreamStorage.from_state_dict(state)
+    assert again.compression == comp
+    np.testing.assert_array_equal(again.valid, packed.valid)
+    assert_same_reads(plain, again, max_lost=comp.chain - 1)
+    rb = ReplayBuffer(again, seed=0)
+    got = rb.sample(16)
+    idx = got["index"].numpy() if "index" in got else None
+    assert got["obs"].shape == (16, 4, H, W) and got["next_obs"].shape == (16, 4, H, W)
+    if idx is not None:
+        want = plain.read(idx)
+        torch.testing.assert_close(got["obs"], want["obs"], rtol=0, atol=0)
+    again.extend(  # it goes on writing after a load
+        {
+            "obs": torch.from_numpy(frames[:1]),
+            "action": torch.zeros(1, N, dtype=torch.int64),
+            "reward": torch.zeros(1, N),
+            "terminated": torch.zeros(1, N, dtype=torch.bool),
+            "truncated": torch.zeros(1, N, dtype=torch.bool),
+        }
+    )
+    with pytest.raises(ValueError, match="other settings"):
+        other = StreamStorage(
+            {"obs": ((H, W), torch.uint8), "action": ((), torch.int64)}, N, N * 30,
+            backing=FrameCompression("zstd"), reads=ReadSpec(1, 0.9, 4),
+        )  # fmt: skip
+        other.load_state_dict(state)
+
+
+def test_cli_plan_with_compression_equals_what_the_stream_allocates(capsys):
+    from rlstash.train import cli
+
+    argv = ["plan", "--field", "obs=4x16x16:uint8", "--field", "action=:int64", "--capacity"]
+    argv += ["999", "--num-envs", "4", "--frame-stack", "4", "--layout", "stream"]
+    argv += ["--compress", "zstd", "--compress-budget", "0.2"]
+    p, note = cli.build_plan(cli.build_parser().parse_args(argv))
+    spec = {"obs": ((4, 16, 16), torch.uint8), "action": ((), torch.int64)}
+    comp = FrameCompression("zstd", budget=0.2)
+    store = StreamStorage(spec, 4, 999, comp, reads=ReadSpec(frame_stack=4), stacked_input=True)
+    arena = store.backing.arenas["obs"]
+    allocated = sum(a.nbytes for a in arena.arrays().values())
+    allocated += sum(t.untyped_storage().nbytes() for t in store.backing.tensors.values())
+    allocated += sum(getattr(store.lanes, k).nbytes for k in ("flags", "ep", "valid", "base"))
+    allocated += sum(getattr(store.lanes, k).nbytes for k in ("count", "floor", "next_ep"))
+    allocated += store.lanes.reserved.nbytes + store.lanes.pending.nbytes + store._cut.nbytes
+    assert p.place("ram").needed == p.total == allocated == store.nbytes
+    assert arena.A == int(np.ceil(0.2 * 249 * 256)) + 256  # budget * L * F + F per lane
+    assert "zstd (per frame), budget 0.2" in note and "at least 49 per lane" in note
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "frames: obs (zstd arena)" in out and f"{allocated:,}" in out
+    for bad, flag in ((["--compress", "brotli"], "--compress"), (["--compress-budget", "3"], "--compress-budget")):  # fmt: skip
+        argv2 = argv[:-4] + (bad if bad[0] == "--compress" else ["--compress", "lz4", *bad])
+        assert cli.main(argv2) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and flag + ":" in err and "expected" in err
