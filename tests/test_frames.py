@@ -98,10 +98,13 @@ def assert_same_reads(plain, packed, max_lost):
 
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("delta", [False, True])
-@pytest.mark.parametrize("kind", ["pong_like", "random"])
+@pytest.mark.parametrize("kind", ["pong_like", "random", "mixed"])
 def test_round_trip_equals_the_plain_stream_across_the_ring(codec, delta, kind):
     T, N = 150, 3  # L = 40 slots per lane: the ring wraps ~3.7 times
-    frames = (pong_like if kind == "pong_like" else random_frames)(T, N, seed=1)
+    frames = pong_like(T, N, seed=1) if kind != "random" else random_frames(T, N, seed=1)
+    if kind == "mixed":  # runs of incompressible frames (stored raw) among compressible ones
+        noisy = (np.arange(T) // 7 % 3 == 0)[:, None, None, None]
+        frames = np.where(noisy, random_frames(T, N, seed=11), frames)
     term, trunc = episodes(T, N, seed=2)
     comp = FrameCompression(codec, delta=delta, key_every=5, budget=1.0)
     plain, packed = pair(comp, N)
@@ -109,6 +112,13 @@ def test_round_trip_equals_the_plain_stream_across_the_ring(codec, delta, kind):
         feed([plain, packed], frames[: T // 2] if chunk == 1 else frames[T // 2 :],
              *(x[: T // 2] if chunk == 1 else x[T // 2 :] for x in (term, trunc)), chunk, False)  # fmt: skip
         assert_same_reads(plain, packed, max_lost=comp.chain - 1)
+    arena = packed.backing.arenas["obs"]
+    if kind == "random":  # a delta that does not compress is stored as a key frame instead
+        assert arena.raw.all() and (arena.depth == 0).all()
+    elif kind == "pong_like":
+        assert not arena.raw.any() and (arena.depth.max() == comp.chain - 1)
+    else:
+        assert arena.raw.any() and not arena.raw.all()
 
 
 @pytest.mark.parametrize("codec", CODECS)

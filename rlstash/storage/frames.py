@@ -146,14 +146,19 @@ class FrameArena:
         L = self.L
         lane = rows // L
         rel = (rows % L - self.count[lane] % L) % L  # [R] slots after the lane's newest
-        order = np.lexsort((rel, lane))
-        lane_s, rel_s = lane[order], rel[order]
+        if np.bincount(lane, minlength=self.N).max() <= L:
+            order = np.lexsort((rel, lane))  # slot order, whatever the order given
+        else:  # a lane wraps within this write: the order given is the slot order
+            order = np.argsort(lane, kind="stable")
+        lane_s = lane[order]
         first = np.ones(len(order), bool)
         first[1:] = lane_s[1:] != lane_s[:-1]
-        start = np.maximum.accumulate(np.where(first, np.arange(len(order)), 0))
-        if (rel_s != np.arange(len(order)) - start).any():
+        rank = np.arange(len(order)) - np.maximum.accumulate(
+            np.where(first, np.arange(len(order)), 0)
+        )  # [R] position of each row among its lane's rows
+        if (rows[order] % L != (self.count[lane_s] + rank) % L).any():
             raise RuntimeError("FrameArena.write: rows do not continue their lanes' rings")
-        for i in order:
+        for i in order.tolist():
             self._put(int(lane[i]), frames[i])
 
     def _put(self, e: int, frame: np.ndarray) -> None:
@@ -161,6 +166,9 @@ class FrameArena:
         floor = self._keyed(e, max(int(self.floor[e]), c + 1 - L), c)  # the ring reuses c - L
         key = floor == c or int(self.depth[base + (c - 1) % L]) + 1 >= self.comp.chain
         payload, raw = self._encode(frame, None if key else self.last[e])
+        if raw and not key:  # the delta did not compress: a key costs no more, decodes faster
+            key = True
+            payload, raw = self._encode(frame, None)
         floor, head = self._make_room(e, len(payload), floor, c)
         if floor == c and not key:  # the room cost the delta's reference: store a key
             key = True
@@ -216,10 +224,9 @@ class FrameArena:
         if walk is None:  # some run is not a forward run of one lane: each row on its own
             return self.gather(rows.reshape(-1, 1), out).reshape(*rows.shape, *self.shape)
         walk_rows, pick = walk  # [W], [P, j] index into the walk
-        parts = self._payloads(walk_rows)
-        if self.comp.chain == 1:  # every frame a key: join the picked frames in output order
-            picked = [parts[i] for i in pick.reshape(-1).tolist()]
-            got = np.frombuffer(bytearray().join(picked), np.uint8)  # writable, one copy
+        parts = self._payloads(walk_rows) if self.comp.chain > 1 else []
+        if self.comp.chain == 1:  # every frame a key: the picked frames in output order
+            got = self._keys(walk_rows[pick.reshape(-1)])
         else:
             got = self._sum_chains(walk_rows, parts, pick.reshape(-1))
         got = got.reshape(*rows.shape, *self.shape)
@@ -249,6 +256,24 @@ class FrameArena:
         key_pos = first % L - d0  # [P] lane position of each walk's key
         walk_rows = (first // L * L)[sid] + (key_pos[sid] + t) % L
         return walk_rows, start[:, None] + d0[:, None] + rel
+
+    def _keys(self, rows: np.ndarray) -> np.ndarray:
+        """Key frames of ``rows`` [Q] -> [Q, F]. Raw frames at offsets that are multiples of
+        F (incompressible data: the log then holds whole frames) come in one numpy gather;
+        the others are decompressed and joined."""
+        F, L = self.F, self.L
+        off = self.off[rows]
+        fast = self.raw[rows] & (off % F == 0)
+        if not fast.any():
+            return np.frombuffer(bytearray().join(self._payloads(rows)), np.uint8).reshape(-1, F)
+        out = np.empty((len(rows), F), np.uint8)
+        whole = self.data[:, : self.A // F * F].reshape(self.N, -1, F)  # [N, A // F, F]
+        out[fast] = whole[rows[fast] // L, off[fast] // F]
+        slow = ~fast
+        if slow.any():
+            parts = self._payloads(rows[slow])
+            out[slow] = np.frombuffer(b"".join(parts), np.uint8).reshape(-1, F)
+        return out
 
     def _payloads(self, walk_rows: np.ndarray) -> list[Any]:
         """Decoded payloads (a frame, or a delta) of ``walk_rows``: bytes-likes of F bytes."""
@@ -401,9 +426,7 @@ class FrameBacking:
             "kind": "FrameBacking",
             "compression": self.comp.to_dict(),
             "plain": self.plain.state_dict(),
-            "arenas": {
-                k: {n: v.copy() for n, v in a.arrays().items()} for k, a in self.arenas.items()
-            },
+            "arenas": {k: a.arrays() for k, a in self.arenas.items()},  # references, no copy
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
