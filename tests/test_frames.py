@@ -278,3 +278,19 @@ def test_cli_plan_with_compression_equals_what_the_stream_allocates(capsys):
         assert cli.main(argv2) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and flag + ":" in err and "expected" in err
+
+
+def test_replay_buffer_save_and_load_keep_the_compressed_frames(tmp_path):
+    from rlstash.replay import ReplayBuffer
+
+    T, N = 60, 2
+    frames = pong_like(T, N, seed=12)
+    term, trunc = episodes(T, N, seed=13)
+    comp = FrameCompression("zstd", delta=True, key_every=4, budget=0.3)
+    plain, packed = pair(comp, N, L=25)
+    feed([plain, packed], frames, term, trunc, 6, False)
+    rb = ReplayBuffer(packed, seed=0)
+    rb.save(tmp_path / "rb.pt")
+    loaded = ReplayBuffer.load(tmp_path / "rb.pt")
+    assert isinstance(loaded.storage, StreamStorage) and loaded.storage.compression == comp
+    assert_same_reads(plain, loaded.storage, max_lost=comp.chain - 1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 CODECS = ("lz4", "zstd")
@@ -19,12 +20,16 @@ INSTALL_HINT = "pip install 'rlstash[compress]'  (or: pip install lz4 zstandard)
 
 @dataclass(frozen=True)
 class Codec:
-    """``compress(bytes-like) -> bytes`` and ``decompress(bytes-like, size) -> bytes``."""
+    """``compress(bytes-like) -> bytes``; ``decompressor(size)`` gives ``f(bytes-like) ->
+    bytes`` for payloads of ``size`` bytes (a C-level partial: no Python frame per call)."""
 
     name: str
     level: int
     compress: Callable[[Any], bytes]
-    decompress: Callable[[Any, int], bytes]
+    decompressor: Callable[[int], Callable[[Any], bytes]]
+
+    def decompress(self, data: Any, size: int) -> bytes:
+        return self.decompressor(size)(data)
 
 
 def check_codec(name: Any, option: str = "codec") -> str:
@@ -78,10 +83,10 @@ def _lz4(level: int) -> Codec:
                 data, mode="high_compression", compression=level, store_size=False
             )
 
-    def decompress(data: Any, size: int) -> bytes:
-        return block.decompress(data, uncompressed_size=size)
+    def decompressor(size: int) -> Callable[[Any], bytes]:
+        return partial(block.decompress, uncompressed_size=size)
 
-    return Codec("lz4", level, compress, decompress)
+    return Codec("lz4", level, compress, decompressor)
 
 
 def _zstd(level: int) -> Codec:
@@ -92,7 +97,7 @@ def _zstd(level: int) -> Codec:
     params = dict(level=level, write_checksum=False, write_content_size=True, write_dict_id=False)
     cctx, dctx = zstandard.ZstdCompressor(**params), zstandard.ZstdDecompressor()
 
-    def decompress(data: Any, size: int) -> bytes:
-        return dctx.decompress(data, max_output_size=size)
+    def decompressor(size: int) -> Callable[[Any], bytes]:
+        return partial(dctx.decompress, max_output_size=size)
 
-    return Codec("zstd", level, cctx.compress, decompress)
+    return Codec("zstd", level, cctx.compress, decompressor)

@@ -126,6 +126,7 @@ class FrameArena:
         self.F = F = math.prod(frame_shape)
         self.A = max(comp.lane_bytes(F, L), 2 * F)
         self.codec: Codec = make_codec(comp.codec, comp.level)
+        self._decompress = self.codec.decompressor(F)
         self.data = np.zeros((num_envs, self.A), np.uint8)  # [N, A] payloads
         self.off = np.zeros(num_envs * L, np.int64)  # per slot: payload offset in its lane
         self.size = np.zeros(num_envs * L, np.int32)  # payload bytes
@@ -279,9 +280,9 @@ class FrameArena:
         """Decoded payloads (a frame, or a delta) of ``walk_rows``: bytes-likes of F bytes."""
         offs = (self.off[walk_rows] + walk_rows // self.L * self.A).tolist()
         ends = (np.asarray(offs) + self.size[walk_rows]).tolist()
-        mv, dec, F = self._flat, self.codec.decompress, self.F
+        mv, dec = self._flat, self._decompress
         return [
-            mv[o:e] if r else dec(mv[o:e], F)
+            mv[o:e] if r else dec(mv[o:e])
             for o, e, r in zip(offs, ends, self.raw[walk_rows].tolist())
         ]
 
