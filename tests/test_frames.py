@@ -268,7 +268,7 @@ def test_cli_plan_with_compression_equals_what_the_stream_allocates(capsys):
     allocated += sum(getattr(store.lanes, k).nbytes for k in ("count", "floor", "next_ep"))
     allocated += store.lanes.reserved.nbytes + store.lanes.pending.nbytes + store._cut.nbytes
     assert p.place("ram").needed == p.total == allocated == store.nbytes
-    assert arena.A == int(np.ceil(0.2 * 249 * 256)) + 256  # budget * L * F + F per lane
+    assert arena.A == (int(np.ceil(0.2 * 249)) + 1) * 256  # (budget * L + 1) * F per lane
     assert "zstd (per frame), budget 0.2" in note and "at least 49 per lane" in note
     assert cli.main(argv) == 0
     out = capsys.readouterr().out

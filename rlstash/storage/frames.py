@@ -18,7 +18,7 @@ Frames leave a lane, oldest first, in three ways: the ring of slots reuses their
 the plain stream); the log reuses their bytes; or the key of their delta chain left. The
 lanes' ``floor`` follows, so a sampler never sees a frame that cannot be decoded.
 
-Size (invariant I2). All bytes are known before allocation: ``A = ceil(budget * L * F) + F``
+Size (invariant I2). All bytes are known before allocation: ``A = (ceil(budget * L) + 1) * F``
 per lane (``L`` slots, ``F`` bytes per frame), plus the index (14 B per slot), plus one raw
 frame per lane (the delta reference). ``budget`` is the planned stored fraction of a frame:
 
@@ -100,15 +100,22 @@ class FrameCompression:
         return asdict(self)
 
     def lane_bytes(self, frame_bytes: int, L: int) -> int:
-        """Arena bytes of one lane of ``L`` slots: ``ceil(budget * L * F) + F``."""
-        return math.ceil(self.budget * L * frame_bytes) + frame_bytes
+        """Arena bytes of one lane of ``L`` slots: ``(ceil(budget * L) + 1) * F`` (whole
+        frames, so frames stored raw lie at multiples of ``F``)."""
+        return (math.ceil(self.budget * L) + 1) * frame_bytes
 
     def plan_bytes(self, frame_bytes: int, num_envs: int, L: int) -> dict[str, int]:
         """Exact bytes of one frame field's arena: the lanes' bytes, and the index plus one
         reference frame per lane (``"index"``)."""
-        arena = num_envs * max(self.lane_bytes(frame_bytes, L), 2 * frame_bytes)
+        arena = num_envs * self.lane_bytes(frame_bytes, L)
         index = INDEX_BYTES * num_envs * L + num_envs * (frame_bytes + 8 * LANE_INTS)
         return {"arena": arena, "index": index}
+
+
+def _empty(shape: tuple[int, ...]) -> np.ndarray:
+    """An uninitialised uint8 array from torch's allocator: on a busy host, numpy's fresh
+    megabyte buffers next to many small decompressed ones page-faulted ~5x slower."""
+    return torch.empty(shape, dtype=torch.uint8).numpy()
 
 
 def frame_fields(spec: Spec, obs_keys: list[str]) -> list[str]:
@@ -124,7 +131,7 @@ class FrameArena:
     ) -> None:
         self.shape, self.N, self.L, self.comp = tuple(frame_shape), num_envs, L, comp
         self.F = F = math.prod(frame_shape)
-        self.A = max(comp.lane_bytes(F, L), 2 * F)
+        self.A = comp.lane_bytes(F, L)  # a multiple of F, at least 2 F
         self.codec: Codec = make_codec(comp.codec, comp.level)
         self._decompress = self.codec.decompressor(F)
         self.data = np.zeros((num_envs, self.A), np.uint8)  # [N, A] payloads
@@ -139,6 +146,7 @@ class FrameArena:
         self._delta = np.zeros(F, np.uint8)  # scratch of writes
         self._cur = np.zeros(F, np.uint8)  # scratch of reads
         self._flat = memoryview(self.data.reshape(-1))  # payloads sliced without a copy
+        self._whole = self.data.reshape(-1, F)  # [N * A / F, F]: frames stored raw, aligned
 
     # ------------------------------------------------------------------ writing
     def write(self, rows: np.ndarray, frames: np.ndarray) -> None:
@@ -216,20 +224,20 @@ class FrameArena:
         """Frames of ``rows`` [P, j] (each row's frames a forward run of one lane, as frame
         stacks) or [P] -> uint8 [*rows.shape, *frame].
 
-        Each run decodes in one walk from the key frame of its first row; the walks of all
-        runs are planned with numpy, their payloads decompressed in one pass and joined, and
-        delta chains summed with one cumulative sum (``uint8``, mod 256).
+        Each run decodes in one walk from the key frame of its first row to its last row; the
+        walks of all runs are planned with numpy. When every frame walked is a key, the
+        frames are decoded straight into the output (raw ones with one numpy gather);
+        otherwise each delta is added (``uint8``, mod 256) to the frame before it.
         """
         runs = rows.reshape(len(rows), -1) if rows.ndim else rows.reshape(1, 1)
         walk = self._walks(runs)
         if walk is None:  # some run is not a forward run of one lane: each row on its own
             return self.gather(rows.reshape(-1, 1), out).reshape(*rows.shape, *self.shape)
         walk_rows, pick = walk  # [W], [P, j] index into the walk
-        parts = self._payloads(walk_rows) if self.comp.chain > 1 else []
-        if self.comp.chain == 1:  # every frame a key: the picked frames in output order
+        if self.comp.chain == 1 or not self.depth[walk_rows].any():  # keys only
             got = self._keys(walk_rows[pick.reshape(-1)])
         else:
-            got = self._sum_chains(walk_rows, parts, pick.reshape(-1))
+            got = self._sum_chains(walk_rows, self._payloads(walk_rows), pick.reshape(-1))
         got = got.reshape(*rows.shape, *self.shape)
         if out is None:
             return got
@@ -261,19 +269,19 @@ class FrameArena:
     def _keys(self, rows: np.ndarray) -> np.ndarray:
         """Key frames of ``rows`` [Q] -> [Q, F]. Raw frames at offsets that are multiples of
         F (incompressible data: the log then holds whole frames) come in one numpy gather;
-        the others are decompressed and joined."""
+        the others are decompressed into the output."""
         F, L = self.F, self.L
         off = self.off[rows]
         fast = self.raw[rows] & (off % F == 0)
-        if not fast.any():
-            return np.frombuffer(bytearray().join(self._payloads(rows)), np.uint8).reshape(-1, F)
-        out = np.empty((len(rows), F), np.uint8)
-        whole = self.data[:, : self.A // F * F].reshape(self.N, -1, F)  # [N, A // F, F]
-        out[fast] = whole[rows[fast] // L, off[fast] // F]
-        slow = ~fast
-        if slow.any():
-            parts = self._payloads(rows[slow])
-            out[slow] = np.frombuffer(b"".join(parts), np.uint8).reshape(-1, F)
+        out = _empty((len(rows), F))
+        if fast.all():
+            at = rows // L * (self.A // F) + off // F  # whole-frame index of each frame
+            return np.take(self._whole, at, axis=0, out=out, mode="clip")  # clip: unbuffered
+        if fast.any():
+            at = rows[fast] // L * (self.A // F) + off[fast] // F  # whole-frame index
+            out[fast] = np.take(self._whole, at, axis=0)
+        for q, part in zip(np.flatnonzero(~fast).tolist(), self._payloads(rows[~fast])):
+            out[q] = np.frombuffer(part, np.uint8)
         return out
 
     def _payloads(self, walk_rows: np.ndarray) -> list[Any]:
@@ -290,7 +298,7 @@ class FrameArena:
         """Frames at walk positions ``pick`` [Q] -> [Q, F]: a key frame as decoded, a delta
         frame added to the frame before it in its walk (every walk starts with a key).
         Frames that are picked are summed in place in the output, the others in a scratch."""
-        out = np.empty((len(pick), self.F), np.uint8)  # [Q, F]
+        out = _empty((len(pick), self.F))  # [Q, F]
         steps, first = np.unique(pick, return_index=True)
         at = np.full(len(walk_rows), -1, np.int64)
         at[steps] = first  # [W] the output row of each walk step, or -1
