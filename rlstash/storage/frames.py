@@ -36,7 +36,7 @@ frame per lane (the delta reference). ``budget`` is the planned stored fraction 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -280,21 +280,26 @@ class FrameArena:
         if fast.any():
             at = rows[fast] // L * (self.A // F) + off[fast] // F  # whole-frame index
             out[fast] = np.take(self._whole, at, axis=0)
+        dst = memoryview(out).cast("B")  # slice assignment: a C-level copy per frame
         for q, part in zip(np.flatnonzero(~fast).tolist(), self._payloads(rows[~fast])):
-            out[q] = np.frombuffer(part, np.uint8)
+            dst[q * F : (q + 1) * F] = part
         return out
 
-    def _payloads(self, walk_rows: np.ndarray) -> list[Any]:
-        """Decoded payloads (a frame, or a delta) of ``walk_rows``: bytes-likes of F bytes."""
-        offs = (self.off[walk_rows] + walk_rows // self.L * self.A).tolist()
-        ends = (np.asarray(offs) + self.size[walk_rows]).tolist()
+    def _payloads(self, walk_rows: np.ndarray) -> Iterator[Any]:
+        """Decoded payloads (a frame, or a delta) of ``walk_rows``: bytes-likes of F bytes,
+        one at a time (a consumer copies each before the next is made: one small buffer,
+        reused and cache-hot, instead of a megabyte of them page-faulted in per batch)."""
+        offs = self.off[walk_rows] + walk_rows // self.L * self.A
+        ends = (offs + self.size[walk_rows]).tolist()
         mv, dec = self._flat, self._decompress
-        return [
+        return (
             mv[o:e] if r else dec(mv[o:e])
-            for o, e, r in zip(offs, ends, self.raw[walk_rows].tolist())
-        ]
+            for o, e, r in zip(offs.tolist(), ends, self.raw[walk_rows].tolist())
+        )
 
-    def _sum_chains(self, walk_rows: np.ndarray, parts: list[Any], pick: np.ndarray) -> np.ndarray:
+    def _sum_chains(
+        self, walk_rows: np.ndarray, parts: Iterator[Any], pick: np.ndarray
+    ) -> np.ndarray:
         """Frames at walk positions ``pick`` [Q] -> [Q, F]: a key frame as decoded, a delta
         frame added to the frame before it in its walk (every walk starts with a key).
         Frames that are picked are summed in place in the output, the others in a scratch."""
