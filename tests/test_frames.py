@@ -46,7 +46,7 @@ def episodes(T: int, N: int, seed: int, mean: int = 12) -> tuple[np.ndarray, np.
     return end & ~trunc, trunc
 
 
-def feed(stores, frames, term, trunc, chunk, stacked):
+def feed(stores, frames, term, trunc, chunk, stacked, same_step=False):
     T, N = term.shape
     k = stores[0].reads.frame_stack
     for t0 in range(0, T, chunk):
@@ -62,16 +62,19 @@ def feed(stores, frames, term, trunc, chunk, stacked):
             "terminated": torch.from_numpy(term[t0:t1]),
             "truncated": torch.from_numpy(trunc[t0:t1]),
         }
+        if same_step:  # the final obs of an ended episode: the frame 3 steps later, say
+            batch["final_obs"] = torch.from_numpy(frames[np.minimum(np.arange(t0, t1) + 3, T - 1)])
         for s in stores:
             s.extend(batch)
 
 
-def pair(comp, N=3, L=40, n_step=1, k=4, stacked=False):
+def pair(comp, N=3, L=40, n_step=1, k=4, stacked=False, autoreset="next_step"):
     shape = (k, H, W) if stacked else (H, W)
     spec = {"obs": (shape, torch.uint8), "action": ((), torch.int64)}
     reads = ReadSpec(n_step=n_step, gamma=0.9, frame_stack=k)
-    plain = StreamStorage(spec, N, N * L, reads=reads, stacked_input=stacked)
-    packed = StreamStorage(spec, N, N * L, backing=comp, reads=reads, stacked_input=stacked)
+    kw = dict(reads=reads, stacked_input=stacked, autoreset=autoreset)
+    plain = StreamStorage(spec, N, N * L, **kw)
+    packed = StreamStorage(spec, N, N * L, backing=comp, **kw)
     return plain, packed
 
 
@@ -294,3 +297,19 @@ def test_replay_buffer_save_and_load_keep_the_compressed_frames(tmp_path):
     loaded = ReplayBuffer.load(tmp_path / "rb.pt")
     assert isinstance(loaded.storage, StreamStorage) and loaded.storage.compression == comp
     assert_same_reads(plain, loaded.storage, max_lost=comp.chain - 1)
+
+
+@pytest.mark.parametrize("chunk", [1, 9, 40])
+def test_same_step_autoreset_chunks_round_trip(chunk):
+    """Same-step chunks write each ended episode's final obs between its steps: the frames
+    still go into each lane's log in slot order."""
+    T, N = 120, 2
+    frames = pong_like(T, N, seed=14)
+    term, trunc = episodes(T, N, seed=15, mean=6)
+    comp = FrameCompression("lz4", delta=True, key_every=4, budget=1.0)
+    plain, packed = pair(comp, N, L=30, autoreset="same_step")
+    for t in range(0, T, chunk):
+        sl = slice(t, t + chunk)
+        feed([plain, packed], frames[sl], term[sl], trunc[sl], chunk, False, same_step=True)
+        if plain.valid.any():
+            assert_same_reads(plain, packed, max_lost=comp.chain - 1)

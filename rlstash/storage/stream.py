@@ -551,11 +551,8 @@ class StreamStorage:
         frames = self._frames(data)
         self._reserve(np.arange(N), plan["grow"])
         step = {n: frames.get(n, data.get(n)) for n in self.slot_spec}
-        if plan["cols"] is not None and isinstance(self.backing, TensorStorage):
-            self.backing.write_lanes(N, int(plan["cols"][0]), step)  # lanes in lockstep
-        else:
-            self.backing.write(plan["rows"].reshape(-1), step, validate=False)
         at = plan["ended"]
+        fins = None
         if at.size:  # same_step: the final obs of each ended episode follows its step
             fin = self._frames(final, at)
             zeros = {
@@ -563,11 +560,18 @@ class StreamStorage:
                 for n in self.slot_spec
                 if n not in fin
             }
-            self.backing.write(
-                plan["fin_rows"],
-                {n: fin.get(n, zeros.get(n)) for n in self.slot_spec},
-                validate=False,
-            )
+            fins = {n: fin.get(n, zeros.get(n)) for n in self.slot_spec}
+        rows = plan["rows"].reshape(-1)
+        if fins is not None and self.compression is not None:  # frames go in lane order
+            rows = np.concatenate([rows, plan["fin_rows"]])
+            step = {n: torch.cat([step[n], fins[n]]) for n in self.slot_spec}
+            fins = None
+        if plan["cols"] is not None and isinstance(self.backing, TensorStorage):
+            self.backing.write_lanes(N, int(plan["cols"][0]), step)  # lanes in lockstep
+        else:
+            self.backing.write(rows, step, validate=False)
+        if fins is not None:
+            self.backing.write(plan["fin_rows"], fins, validate=False)
         lanes.commit(plan)
         return lanes.written_order(plan)
 
