@@ -323,3 +323,22 @@ def publish(text: str, out: str | Path, tag: str, failed: Sequence[str]) -> int:
     if failed:
         print(f"[{tag}] FAILED peers: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def spawn_worker(script: str, task: dict, timeout: float) -> dict:
+    """Run ``script --worker <task as JSON>`` in a fresh process (one torch thread, CUDA
+    hidden) and return the JSON on its last stdout line, or ``{"error": ...}`` with the last
+    line of its stderr; the load average before and after is added to the result."""
+    cmd = [sys.executable, str(Path(script).resolve()), "--worker", json.dumps(task)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    load = os.getloadavg()[0]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"]
+        return {"error": lines[-1]}
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["load_before_after"] = [round(load, 2), round(os.getloadavg()[0], 2)]
+    return out

@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -278,19 +277,9 @@ def worker(task: dict) -> dict:
 
 def spawn(task: dict, timeout: float) -> dict:
     """``task`` in a fresh process (one torch thread, no CUDA): its JSON result or error."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(task)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    load = os.getloadavg()[0]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"]
-        return {"error": lines[-1]}
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    out["load_before_after"] = [round(load, 2), round(os.getloadavg()[0], 2)]
-    return out
+    from common import spawn_worker
+
+    return spawn_worker(__file__, task, timeout)
 
 
 # ----------------------------------------------------------------------------- report
