@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import gc
 import shutil
+import signal
 import subprocess
 
 import pytest
@@ -118,6 +119,11 @@ def cuda_tripwire(request, monkeypatch):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "allow_cuda: run without the CUDA tripwire (uses fakes)")
+    # A suite started in the background of a non-interactive shell (``cmd &``, some CI
+    # runners) inherits SIGINT ignored, and so would every process a test starts: the Ctrl-C
+    # tests would then test nothing but a timeout. Python's own handler is what a user has.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):
