@@ -146,6 +146,22 @@ def bounds(low: Any, high: Any, act_dim: int) -> tuple[torch.Tensor, torch.Tenso
     return (high_t + low_t) / 2, (high_t - low_t) / 2
 
 
+def box_agent_setup(
+    agent: Any, config: Any, config_cls: type, obs_shape: tuple[int, ...], act_dim: int,
+    low: Any, high: Any,
+) -> Any:  # fmt: skip
+    """The checks and attributes every Box-action agent (SAC, TD3) starts with: ``config``
+    (``config_cls()`` when None), ``obs_shape``, ``act_dim``, ``center``/``scale`` [A]."""
+    cfg = agent.config = config if config is not None else config_cls()
+    if not isinstance(cfg, config_cls):
+        raise TypeError(f"config: expected a {config_cls.__name__}, got {type(cfg).__name__}")
+    if isinstance(act_dim, bool) or not isinstance(act_dim, int) or act_dim < 1:
+        raise ValueError(f"act_dim: expected an int >= 1, got {act_dim!r}")
+    agent.obs_shape, agent.act_dim = tuple(obs_shape), act_dim
+    agent.center, agent.scale = bounds(low, high, act_dim)  # [A], [A]
+    return cfg
+
+
 def twin_critic_loss(
     critic: nn.Module, batch: Batch, action: torch.Tensor, y: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,13 +190,7 @@ class SAC(AgentBase):
         device: torch.device | str = "cpu",
         act_device: torch.device | str | None = None,
     ):
-        cfg = self.config = config if config is not None else SACConfig()
-        if not isinstance(cfg, SACConfig):
-            raise TypeError(f"config: expected a SACConfig, got {type(cfg).__name__}")
-        if isinstance(act_dim, bool) or not isinstance(act_dim, int) or act_dim < 1:
-            raise ValueError(f"act_dim: expected an int >= 1, got {act_dim!r}")
-        self.obs_shape, self.act_dim = tuple(obs_shape), act_dim
-        self.center, self.scale = bounds(low, high, act_dim)  # [A], [A]
+        cfg = box_agent_setup(self, config, SACConfig, obs_shape, act_dim, low, high)
         self.target_entropy = float(
             cfg.target_entropy if cfg.target_entropy is not None else -act_dim
         )

@@ -40,7 +40,7 @@ from rlstash.agents.base import (
     seeded_init,
 )
 from rlstash.agents.nets import TwinCritic, make_encoder, polyak_update
-from rlstash.agents.sac import bounds, twin_critic_loss
+from rlstash.agents.sac import box_agent_setup, twin_critic_loss
 
 
 @dataclass
@@ -105,13 +105,7 @@ class TD3(AgentBase):
         device: torch.device | str = "cpu",
         act_device: torch.device | str | None = None,
     ):
-        cfg = self.config = config if config is not None else TD3Config()
-        if not isinstance(cfg, TD3Config):
-            raise TypeError(f"config: expected a TD3Config, got {type(cfg).__name__}")
-        if isinstance(act_dim, bool) or not isinstance(act_dim, int) or act_dim < 1:
-            raise ValueError(f"act_dim: expected an int >= 1, got {act_dim!r}")
-        self.obs_shape, self.act_dim = tuple(obs_shape), act_dim
-        self.center, self.scale = bounds(low, high, act_dim)  # [A], [A]
+        cfg = box_agent_setup(self, config, TD3Config, obs_shape, act_dim, low, high)
         self._init_devices(device, act_device, cfg.seed)
         with seeded_init(cfg.seed):
             actor = DeterministicActor(self.obs_shape, act_dim, cfg.net_arch)
