@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,34 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
     log.info(builders.describe_memory(rb, agent))
     if run.step:
         log.info(f"resumed at step {run.step} with {len(rb)} stored slots")
+
+    def iterate(metrics: dict[str, Any]) -> dict[str, Any]:
+        batch = run.collector.collect()
+        rb.extend(batch)
+        limiter.on_insert(run.frames_per_collect)
+        run.step += run.frames_per_collect
+        updates = agent.updates
+        while limiter.can_sample():
+            metrics = agent.update(rb.sample(cfg.batch_size))
+            limiter.on_sample()
+        if cfg.ray and agent.updates != updates:
+            ray_run.publish(run)  # the new policy to the actors (one ray.put)
+        return metrics
+
+    return drive(run, log, iterate, lambda: checkpoint.save(run.run_dir, run.state(), rb))
+
+
+def drive(
+    run: Any,
+    log: RunLog,
+    iterate: Callable[[dict[str, Any]], dict[str, Any]],
+    save: Callable[[], Path],
+) -> TrainResult:
+    """The loop skeleton both loops share: ``iterate(metrics)`` collects, learns and advances
+    ``run.step`` (returning the latest update's metrics); around it, timing
+    (``train_seconds``), progress rows, evaluation, the stopping rule and checkpoints
+    (``save()``, also on Ctrl-C), then the final checkpoint, plot and verdict."""
+    cfg, agent = run.cfg, run.agent
     next_eval = (run.step // cfg.eval_every + 1) * cfg.eval_every
     next_ckpt = (run.step // cfg.checkpoint_every + 1) * cfg.checkpoint_every
     metrics: dict[str, Any] = {}
@@ -97,18 +126,9 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
     try:
         while run.step < cfg.steps and not solved:
             t0 = time.perf_counter()
-            batch = run.collector.collect()
-            rb.extend(batch)
-            limiter.on_insert(run.frames_per_collect)
-            run.step += run.frames_per_collect
-            updates = agent.updates
-            while limiter.can_sample():
-                metrics = agent.update(rb.sample(cfg.batch_size))
-                limiter.on_sample()
-            if cfg.ray and agent.updates != updates:
-                ray_run.publish(run)  # the new policy to the actors (one ray.put)
+            metrics = iterate(metrics)
             run.train_seconds += time.perf_counter() - t0
-            if time.monotonic() - last_log > 1.0:
+            if time.monotonic() - last_log > 1.0:  # device metrics are read only here
                 last_log = time.monotonic()
                 log.log(run.step, _progress_row(run, metrics))
                 log.note_compile(getattr(agent, "compile_seconds", 0.0))
@@ -118,12 +138,12 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
                 solved = _solved(run)
             if run.step >= next_ckpt:
                 next_ckpt += cfg.checkpoint_every
-                checkpoint.save(run.run_dir, run.state(), rb)
+                save()
     except KeyboardInterrupt:
         log.info(f"interrupted at step {run.step}; writing a checkpoint")
-        checkpoint.save(run.run_dir, run.state(), rb)
+        save()
         raise
-    ckpt = checkpoint.save(run.run_dir, run.state(), rb)
+    ckpt = save()
     log.note_compile(getattr(agent, "compile_seconds", 0.0), final=True)
     plot = plot_learning_curve(run.run_dir, run.threshold)
     last = run.evals[-1]["return_mean"] if run.evals else float("nan")
@@ -137,7 +157,7 @@ def _loop(run: Run, log: RunLog) -> TrainResult:
     return TrainResult(run.run_dir, run.step, run.train_seconds, solved, last, ckpt, plot)
 
 
-def _progress_row(run: Run, metrics: dict[str, Any]) -> dict[str, Any]:
+def _progress_row(run: Any, metrics: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {
         "train_seconds": run.train_seconds,
         "return_recent": run.collector.stats.mean_return(),
@@ -148,7 +168,7 @@ def _progress_row(run: Run, metrics: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _evaluate(run: Run, log: RunLog) -> None:
+def _evaluate(run: Any, log: RunLog) -> None:
     cfg = run.cfg
     if run.recorder is not None:  # --video: the first episode of eval env 0
         run.recorder.request(f"step-{run.step:09d}")
@@ -176,7 +196,7 @@ def _evaluate(run: Run, log: RunLog) -> None:
     log.log_eval(run.step, row)
 
 
-def _solved(run: Run) -> bool:
+def _solved(run: Any) -> bool:
     k = run.cfg.patience
     if run.threshold is None or len(run.evals) < k:
         return False

@@ -23,9 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import math
 import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,55 +201,17 @@ def _step_spec(obs_space: Any, act_space: Any) -> Spec:
 
 def run_loop(run: OnPolicyRun, log: Any) -> Any:
     """The loop of the module docstring; returns a :class:`rlstash.train.loop.TrainResult`."""
-    from rlstash.train.loop import TrainResult, _evaluate, _progress_row, _solved
-    from rlstash.train.runlog import plot_learning_curve
+    from rlstash.train.loop import drive
 
-    cfg, agent = run.cfg, run.agent
     log.info(f"run directory: {run.run_dir}")
     log.info(run.describe())
     if run.step:
         log.info(f"resumed at step {run.step}")
-    next_eval = (run.step // cfg.eval_every + 1) * cfg.eval_every
-    next_ckpt = (run.step // cfg.checkpoint_every + 1) * cfg.checkpoint_every
-    metrics: dict[str, Any] = {}
-    last_log = 0.0
-    solved = _solved(run)
-    try:
-        while run.step < cfg.steps and not solved:
-            t0 = time.perf_counter()
-            run.rollout.add(run.collector.collect(), run.collector.next_obs)
-            metrics = agent.update(run.rollout)
-            run.step += run.frames_per_collect
-            run.train_seconds += time.perf_counter() - t0
-            if time.monotonic() - last_log > 1.0:  # device metrics are read only here
-                last_log = time.monotonic()
-                log.log(run.step, _progress_row(run, _host(metrics)))
-                log.note_compile(getattr(agent, "compile_seconds", 0.0))
-            if run.step >= next_eval:
-                next_eval += cfg.eval_every * math.ceil((run.step - next_eval + 1) / cfg.eval_every)
-                _evaluate(run, log)
-                solved = _solved(run)
-            if run.step >= next_ckpt:
-                next_ckpt += cfg.checkpoint_every
-                checkpoint.save(run.run_dir, run.state())
-    except KeyboardInterrupt:
-        log.info(f"interrupted at step {run.step}; writing a checkpoint")
-        checkpoint.save(run.run_dir, run.state())
-        raise
-    ckpt = checkpoint.save(run.run_dir, run.state())
-    log.note_compile(getattr(agent, "compile_seconds", 0.0), final=True)
-    plot = plot_learning_curve(run.run_dir, run.threshold)
-    last = run.evals[-1]["return_mean"] if run.evals else float("nan")
-    verdict = "solved" if solved else "stopped"
-    log.info(
-        f"{verdict} at step {run.step} after {run.train_seconds:.1f} s of training (last evaluation {last:.1f})"
-    )
-    log.info(f"checkpoint: {ckpt}")
-    if plot is not None:
-        log.info(f"learning curve: {plot}")
-    return TrainResult(run.run_dir, run.step, run.train_seconds, solved, last, ckpt, plot)
 
+    def iterate(metrics: dict[str, Any]) -> dict[str, Any]:
+        run.rollout.add(run.collector.collect(), run.collector.next_obs)
+        metrics = run.agent.update(run.rollout)
+        run.step += run.frames_per_collect
+        return metrics
 
-def _host(metrics: dict[str, Any]) -> dict[str, Any]:
-    """Device metrics as host floats (one synchronization, when a progress row is written)."""
-    return {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in metrics.items()}
+    return drive(run, log, iterate, lambda: checkpoint.save(run.run_dir, run.state()))
