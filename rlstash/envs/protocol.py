@@ -68,24 +68,29 @@ def _read(fd: int, n: int, deadline: float | None) -> bytes:
     return chunk
 
 
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
+    """Exactly ``n`` bytes: never more, so the next message stays in the pipe."""
+    data = _read(fd, n, deadline)
+    if len(data) == n:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < n:
+        chunk = _read(fd, min(_CHUNK, n - got), deadline)
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
 def recv(fd: int, deadline: float | None = None) -> tuple[bytes, bytes]:
     """Read one message ``(tag, payload)``; ``deadline`` is a ``time.monotonic()`` value.
+
+    Reads the header, then exactly the payload: a message queued behind this one (CLOSE
+    written while the worker had not yet read a STEP) stays in the pipe for the next call.
 
     Raises:
         PeerGone: end of file (the writer exited or closed its end).
         ReplyTimeout: the deadline passed before a whole message came.
     """
-    data = _read(fd, 4096, deadline)
-    while len(data) < HEADER.size:
-        data += _read(fd, 4096, deadline)
-    tag, length = HEADER.unpack_from(data)
-    total = HEADER.size + length
-    if len(data) < total:
-        parts = [data]
-        got = len(data)
-        while got < total:
-            chunk = _read(fd, min(_CHUNK, total - got), deadline)
-            parts.append(chunk)
-            got += len(chunk)
-        data = b"".join(parts)
-    return tag, data[HEADER.size : total]
+    tag, length = HEADER.unpack(_read_exact(fd, HEADER.size, deadline))
+    return tag, _read_exact(fd, length, deadline) if length else b""

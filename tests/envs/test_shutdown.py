@@ -3,11 +3,13 @@ parent all end every worker; nothing appears in /dev/shm; no resource_tracker wa
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -180,3 +182,52 @@ def test_close_releases_the_shared_memory_fd_without_gc(workers):
     assert lines["fds"].split() == ["1", "0"], out.stdout
     assert float(lines["view"]) >= 0
     assert lines["maps"] == "0", out.stdout
+
+
+def test_messages_queued_in_a_pipe_are_read_one_at_a_time():
+    """A reader must not swallow the next message: STEP and CLOSE written before the worker
+    reads either are two messages (the first read used to take 4096 bytes and drop the rest)."""
+    from rlstash.envs import protocol as P
+
+    r, w = os.pipe()
+    try:
+        P.send(w, P.STEP)
+        P.send(w, P.CLOSE, b"x" * 10)
+        P.send(w, P.OK, b"y")
+        assert P.recv(r) == (P.STEP, b"")
+        assert P.recv(r, time.monotonic() + 5) == (P.CLOSE, b"x" * 10)
+        assert P.recv(r) == (P.OK, b"y")
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+@pytest.mark.filterwarnings("ignore:.*pending call:UserWarning")
+def test_close_right_after_step_async_does_not_wait_for_the_kill():
+    """The Ctrl-C exit that waited CLOSE_TIMEOUT: the pool wrote STEP, was interrupted and
+    wrote CLOSE before the (descheduled) worker read the STEP; the worker read both at once,
+    dropped CLOSE and waited for a command until it was killed. SIGSTOP makes the race
+    deterministic."""
+    from rlstash.envs.shutdown import CLOSE_TIMEOUT
+
+    pool = ProcessPoolVectorEnv(CountEnv, 2, num_workers=1, seed=0)
+    pid = pool.worker_pids[0]
+    resume = None
+    try:
+        pool.reset()
+        pool.step(np.zeros(2, dtype=np.int64))
+        os.kill(pid, signal.SIGSTOP)
+        pool.step_async(np.zeros(2, dtype=np.int64))  # STEP waits unread in the pipe
+        resume = threading.Timer(0.3, os.kill, (pid, signal.SIGCONT))
+        resume.start()
+        t0 = time.monotonic()
+        pool.close()
+        took = time.monotonic() - t0
+    finally:
+        if resume is not None:
+            resume.join()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        pool.close()
+    assert wait_gone([pid]) == []
+    assert took < CLOSE_TIMEOUT / 2, f"close took {took:.1f} s: the worker missed CLOSE"
