@@ -2,7 +2,7 @@
 """Where a vector step of ProcessPoolVectorEnv spends its wall time: a per-step timeline.
 
     python3 bench/collect_timeline.py [--env HalfCheetah-v5] [--n 32] [--workers 2]
-                                      [--steps 400] [--out FILE]
+                                      [--caller-envs K] [--steps 400] [--out FILE]
 
 Each env is wrapped to record when its ``step`` starts and ends (``time.perf_counter``, one
 clock for all processes on Linux) into a memory-mapped file; the caller records when
@@ -13,6 +13,9 @@ clock for all processes on Linux) into a memory-mapped file; the caller records 
 * ``done w``: when worker w ends its last env step; ``envs w``: the sum of its env steps;
 * ``return``: when ``step_wait`` returns (replies read, infos, observation copies);
 * ``between``: the caller's own time until the next ``step_async`` (random actions here).
+
+With ``--caller-envs K`` the last K envs step in the calling process (``caller_envs``); their
+block is the last "worker" (index ``--workers``) of the table.
 
 Medians over the steps after a warm-up. On an idle machine, ``wake`` and ``return - max(done)``
 are the costs of waking processes; ``max(done) - min(done)`` the imbalance between workers. On
@@ -56,7 +59,7 @@ def make(env_id: str, index: int, path: str, shape: tuple[int, int, int]) -> gym
     return TimedEnv(gym.make(env_id), index, path, shape)
 
 
-def timeline(env_id: str, n: int, workers: int, steps: int) -> dict[str, float]:
+def timeline(env_id: str, n: int, workers: int, steps: int, share: int = 0) -> dict[str, float]:
     """Median microseconds per step of each phase (see the module docstring)."""
     from rlstash.envs import ProcessPoolVectorEnv
 
@@ -66,9 +69,9 @@ def timeline(env_id: str, n: int, workers: int, steps: int) -> dict[str, float]:
         np.memmap(path, dtype=np.float64, mode="w+", shape=shape).flush()
         fns = [functools.partial(make, env_id, i, path, shape) for i in range(n)]
         caller = np.zeros((steps, 2))  # step_async called, step_wait returned
-        with ProcessPoolVectorEnv(fns, num_workers=workers, seed=0) as pool:
+        with ProcessPoolVectorEnv(fns, num_workers=workers, seed=0, caller_envs=share) as pool:
             pool.reset()
-            blocks = [pool.envs_of(w) for w in range(workers)]
+            blocks = [pool.envs_of(w) for w in range(workers + (1 if share else 0))]
             space = pool.action_space
             space.seed(0)
             for k in range(steps):
@@ -96,18 +99,20 @@ def main() -> int:
     p.add_argument("--env", default="HalfCheetah-v5")
     p.add_argument("--n", type=int, default=32)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--caller-envs", type=int, default=0)
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--out", help="also write the table here (markdown)")
     args = p.parse_args()
     if args.steps < 20:
         p.error(f"--steps: expected >= 20 steps, got {args.steps}")
     load = os.getloadavg()[0]
-    result = timeline(args.env, args.n, args.workers, args.steps)
+    result = timeline(args.env, args.n, args.workers, args.steps, args.caller_envs)
     lines = [
-        f"# Step timeline: {args.env}, {args.n} envs, {args.workers} workers",
+        f"# Step timeline: {args.env}, {args.n} envs, {args.workers} workers"
+        + (f" + {args.caller_envs} envs in the caller" if args.caller_envs else ""),
         "",
         f"`python bench/collect_timeline.py --env {args.env} --n {args.n} --workers "
-        f"{args.workers} --steps {args.steps}`; load average {load:.2f} on "
+        f"{args.workers} --caller-envs {args.caller_envs} --steps {args.steps}`; load average {load:.2f} on "
         f"{os.cpu_count()} cores. Median microseconds after step_async.",
         "",
         "| phase | us |",

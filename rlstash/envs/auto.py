@@ -32,37 +32,50 @@ def choose(
     mode: str,
     restarts: int,
     rng: np.random.Generator,
-    processes: Callable[[int], ProcessBackend],
+    processes: Callable[..., ProcessBackend],
     resolve: Callable[[list, list], tuple],
 ) -> tuple[Backend, dict, dict[str, float]]:
-    """Time a few steps in-process and with worker processes; returns the faster started
-    backend (the other is closed), its description and the rates measured."""
+    """Time a few steps in-process, with W worker processes (W: the usable cores) and with
+    W-1 workers + the caller's share of n // W envs; returns the fastest started backend
+    (the others are closed), its description and the rates measured."""
+    n = len(fns)
     inproc = InProcessBackend(fns, mode, restarts, rng)
     described = start(inproc, resolve)
-    w = min(usable_cpus(), len(fns))
-    chosen: Backend = inproc
-    if w < 2:
-        timing = {"in_process": _StepTimer(inproc, described, len(fns)).rate()}
+    w = min(usable_cpus(), n)
+    shapes = [(w, 0), (w - 1, n // w)] if w >= 2 else []
+    backends: list[Backend] = [inproc]
+    names = ["in_process"]
+    try:
+        for workers, caller in shapes:
+            backends.append(processes(workers, caller))
+            start(backends[-1], resolve)
+            names.append(f"processes_{workers}" + (f"+caller_{caller}" if caller else ""))
+        # interleaved short rounds, medians: a burst of other load hits all alike
+        timers = [_StepTimer(b, described, n) for b in backends]
+        budget = 0.04 if len(timers) > 1 else 0.15
+        rounds = [[t.rate(budget=budget) for t in timers] for _ in range(_AUTO_ROUNDS)]
+    except BaseException:
+        for b in backends:
+            b.close()
+        raise
+    rates = [float(np.median(r)) for r in zip(*rounds)]
+    best = int(np.argmax(rates))
+    for i, b in enumerate(backends):
+        if i != best:
+            b.close()
+    chosen = backends[best]
+    timing = dict(zip(names, rates))
+    if chosen is inproc:
+        where = "in-process (num_workers=0)"
     else:
-        procs = processes(w)
-        try:
-            start(procs, resolve)
-            # interleaved short rounds, medians: a burst of other load hits both alike
-            timers = [_StepTimer(b, described, len(fns)) for b in (inproc, procs)]
-            rounds = [[t.rate(budget=0.04) for t in timers] for _ in range(_AUTO_ROUNDS)]
-            rate_in, rate_procs = (float(np.median(r)) for r in zip(*rounds))
-        except BaseException:
-            procs.close()
-            inproc.close()
-            raise
-        timing = {"in_process": rate_in, f"processes_{w}": rate_procs}
-        chosen = procs if rate_procs > rate_in else inproc
-        (inproc if chosen is procs else procs).close()
-    where = f"{w} worker processes" if chosen is not inproc else "in-process (num_workers=0)"
+        k = getattr(chosen, "caller_envs", 0)
+        where = f"{chosen.num_workers} worker processes" + (
+            f" + {k} envs in this process (caller_envs={k})" if k else ""
+        )
     text = ", ".join(f"{k}: {v:,.0f} env steps/s" for k, v in timing.items())
     warnings.warn(
         f'ProcessPoolVectorEnv(num_workers="auto") chose {where} ({text}); pass num_workers '
-        "explicitly to skip the timing",
+        "(and caller_envs) explicitly to skip the timing",
         AutoChoiceWarning,
         stacklevel=user_stacklevel(),
     )

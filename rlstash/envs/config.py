@@ -111,6 +111,33 @@ def num_workers(value: int | str | None, num_envs: int) -> int | str:
     return w
 
 
+def caller_envs(value: Any, workers: int | str, requested: Any, num_envs: int) -> tuple:
+    """``(num_workers, caller_envs)``: ``caller_envs`` checked against the workers
+    (``workers``: resolved by :func:`num_workers`; ``requested``: as the caller gave it).
+    With ``num_workers=None`` the caller's core is not counted for workers."""
+    k = check_positive_int("caller_envs", value, minimum=0)
+    if k == 0:
+        return workers, 0
+    if workers == "auto":
+        raise ValueError(
+            f'caller_envs: num_workers="auto" chooses the caller\'s share itself, got '
+            f"caller_envs={k}; pass an int num_workers with caller_envs, or caller_envs=0"
+        )
+    if requested is None:
+        workers = max(1, min(usable_cpus() - 1, num_envs - k))
+    if workers == 0:
+        raise ValueError(
+            f"caller_envs: expected 0 with num_workers=0 (every env steps in the caller "
+            f"then), got {k}"
+        )
+    if k > num_envs - int(workers):
+        raise ValueError(
+            f"caller_envs: expected at most {num_envs - int(workers)} (num_envs={num_envs} "
+            f"minus one env per worker, num_workers={workers}), got {k}"
+        )
+    return workers, k
+
+
 def cap_workers(workers: int | str, max_concurrency: Any) -> int | str:
     """``num_workers`` capped by AsyncVectorEnv's ``max_concurrency`` (checked as it does)."""
     if max_concurrency is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from rlstash.envs import protocol as P
 from rlstash.envs.backend import NO_REPORT, REPORT_NEXT, REPORT_NOW, Backend
+from rlstash.envs.caller_share import CallerShare
 from rlstash.envs.errors import WaitTimeoutError, WorkerFailedError
 from rlstash.envs.info_columns import NEW, Schema, block_infos, read_schema
 from rlstash.envs.launch import Launcher, WorkerProcess
@@ -52,14 +54,16 @@ def _unpickle_error(payload: bytes) -> _Failure:
 
 
 class _Slot:
-    """A worker position: its envs and factories survive the processes that fill it."""
+    """A worker position: its envs and factories survive the processes that fill it.
+    ``local``: the caller's share (:class:`CallerShare` in place of a process)."""
 
-    def __init__(self, index: int, start: int, factories: list[Callable]) -> None:
+    def __init__(self, index: int, start: int, factories: list[Callable], local: bool) -> None:
         self.index = index
         self.start = start
         self.envs = tuple(range(start, start + len(factories)))
         self.blob = cloudpickle.dumps(list(factories))
-        self.proc: WorkerProcess | None = None
+        self.local = local
+        self.proc: WorkerProcess | CallerShare | None = None
         self.pending = 0  # replies still to read (after an interrupted wait)
         self.send_failed = False
         self.info_schema: Schema | None = None  # of its last infos in shared memory
@@ -70,7 +74,8 @@ def _earliest(a: float | None, b: float | None) -> float | None:
 
 
 class ProcessBackend(Backend):
-    """Envs stepped by ``num_workers`` worker processes over one shared segment."""
+    """Envs stepped by ``num_workers`` worker processes over one shared segment; the last
+    ``caller_envs`` of them in this process (:mod:`rlstash.envs.caller_share`)."""
 
     def __init__(
         self,
@@ -82,16 +87,23 @@ class ProcessBackend(Backend):
         step_timeout: float | None,
         max_restarts: int,
         seed_rng: np.random.Generator,
+        caller_envs: int = 0,
     ) -> None:
         super().__init__(max_restarts, seed_rng)
         n = len(factories)
-        sizes = [n // num_workers + (1 if w < n % num_workers else 0) for w in range(num_workers)]
+        m = n - caller_envs  # envs of the worker processes
+        sizes = [m // num_workers + (1 if w < m % num_workers else 0) for w in range(num_workers)]
         starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int).tolist()
         self.slots = [
-            _Slot(w, starts[w], factories[starts[w] : starts[w] + sizes[w]])
+            _Slot(w, starts[w], factories[starts[w] : starts[w] + sizes[w]], False)
             for w in range(num_workers)
         ]
+        if caller_envs:
+            self.slots.append(_Slot(num_workers, m, factories[m:], True))
+        # the caller's share runs first while waiting: the workers step theirs meanwhile
+        self._wait_order = sorted(self.slots, key=lambda s: not s.local)
         self.num_workers = num_workers
+        self.caller_envs = caller_envs
         self.num_envs = n
         self.mode = mode
         self.step_timeout = step_timeout
@@ -114,19 +126,20 @@ class ProcessBackend(Backend):
         """
         self.mem_fd = create_segment(0, "pool")
         for slot in self.slots:
-            slot.proc = self.launcher.start(self.mem_fd, self._procs())
+            self._new_process(slot)
         for slot in self.slots:
             self._send(slot, P.INIT, self._init_payload(slot))
         deadline = time.monotonic() + START_TIMEOUT
-        described = []
-        for slot in self.slots:
+        by_slot = {}
+        for slot in self._wait_order:
             try:
-                described.append(pickle.loads(self._recv(slot, deadline, starting=True)))
+                by_slot[slot.index] = pickle.loads(self._recv(slot, deadline, starting=True))
             except _Failure as f:
                 self.close()
                 raise WorkerFailedError(
                     slot.index, slot.envs, 1, 0, f.error, [], starting=True
                 ) from None
+        described = [by_slot[slot.index] for slot in self.slots]
         first = dict(described[0])
         for key in ("observation_spaces", "action_spaces"):
             first[key] = [space for d in described for space in d[key]]
@@ -146,7 +159,7 @@ class ProcessBackend(Backend):
         self.shared = SharedArrays(self.layout, self.mem_fd)
         for slot in self.slots:
             self._send(slot, P.ATTACH, pickle.dumps((self.layout, *self.single)))
-        for slot in self.slots:
+        for slot in self._wait_order:
             try:
                 self._recv(slot, deadline, starting=True)
             except _Failure as f:
@@ -163,12 +176,22 @@ class ProcessBackend(Backend):
         authkey = bytes(multiprocessing.current_process().authkey)  # for Manager proxies
         return pickle.dumps((list(sys.path), slot.start, self.mode, slot.blob, authkey))
 
-    def _procs(self) -> list[WorkerProcess]:
+    def _procs(self) -> list[Any]:
         return [s.proc for s in self.slots if s.proc is not None]
+
+    def _new_process(self, slot: _Slot) -> None:
+        slot.proc = (
+            CallerShare(self.mem_fd)
+            if slot.local
+            else self.launcher.start(self.mem_fd, self._procs())
+        )
 
     # --- messaging --------------------------------------------------------------------
     def _send(self, slot: _Slot, tag: bytes, payload: bytes = b"") -> None:
         assert slot.proc is not None
+        if slot.local:
+            slot.proc.send(tag, payload)  # type: ignore[union-attr]
+            return
         self._drain(slot)
         try:
             P.send(slot.proc.cmd_fd, tag, payload)
@@ -179,6 +202,8 @@ class ProcessBackend(Backend):
     def _recv(self, slot: _Slot, deadline: float | None, starting: bool = False) -> bytes:
         """The payload of the next OK reply; raises _Failure otherwise."""
         assert slot.proc is not None
+        if slot.local:
+            return self._run_local(slot.proc)  # type: ignore[arg-type]
         if slot.send_failed:
             slot.send_failed = False
             raise _Failure("died", self._death_text(slot))
@@ -194,6 +219,15 @@ class ProcessBackend(Backend):
         if tag == P.ERROR:
             raise _unpickle_error(payload)
         return payload
+
+    @staticmethod
+    def _run_local(share: CallerShare) -> bytes:
+        """Run the caller's share's queued command; an env's exception is its failure."""
+        try:
+            return share.run()
+        except Exception as exc:
+            text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            raise _Failure("exception", text, exc) from None
 
     def _drain(self, slot: _Slot) -> None:
         """Read replies left over from an interrupted wait so the next reply is ours."""
@@ -242,6 +276,10 @@ class ProcessBackend(Backend):
         for slot in self.slots:
             if slot.pending:
                 self._drain(slot)
+            if slot.local:  # runs in step_wait
+                own = self.actions[slot.envs[0] : slot.envs[-1] + 1] if pickled else None
+                self._send(slot, P.STEP, b"" if own is None else dumps(own))
+                continue
             if pickled:  # actions without an array layout travel with the message
                 self._send(slot, P.STEP, dumps(self.actions[slot.envs[0] : slot.envs[-1] + 1]))
                 continue
@@ -275,7 +313,7 @@ class ProcessBackend(Backend):
         parts: list[tuple[int, Any]] = []  # (first env, batched infos or a column Schema)
         failed: list[tuple[_Slot, _Failure]] = []
         late: list[_Slot] = []
-        for slot in slots:
+        for slot in slots if len(slots) < 2 else [s for s in self._wait_order if s in slots]:
             try:
                 payload = self._recv(slot, deadline)
             except _Failure as f:
@@ -287,6 +325,8 @@ class ProcessBackend(Backend):
             infos = self._absorb(slot, payload)
             if infos:
                 parts.append((slot.start, infos))
+        if self.caller_envs:  # the caller's share answered first: env order for merging
+            parts.sort(key=lambda part: part[0])
         parts = self._column_infos(parts, len(slots) == len(self.slots))
         restarted: list[int] = []
         for slot, f in failed:
@@ -358,7 +398,7 @@ class ProcessBackend(Backend):
         return [e for e, c in zip(slot.envs, codes) if c != REPORT_NEXT]
 
     def _fresh_worker(self, slot: _Slot, codes: list[int]) -> None:
-        slot.proc = self.launcher.start(self.mem_fd, self._procs())
+        self._new_process(slot)
         deadline = time.monotonic() + START_TIMEOUT
         self._send(slot, P.INIT, self._init_payload(slot))
         got = pickle.loads(self._recv(slot, deadline, starting=True))
@@ -383,14 +423,16 @@ class ProcessBackend(Backend):
         (with its type when it unpickles); a dead or hung worker is restarted and reported;
         workers silent past the caller's ``timeout`` raise :class:`WaitTimeoutError` after
         the others were read (they keep running; their late replies are discarded)."""
-        results, errors, raised, late = [], [], [], []
+        results: dict[int, Any] = {}
+        errors, raised, late = [], [], []
         pool_deadline = self._deadline(None)
         caller_deadline = None if timeout is None else time.monotonic() + timeout
         deadline = _earliest(pool_deadline, caller_deadline)
-        for slot in self.slots:
+        for slot in self._wait_order:
+            results[slot.index] = None
             try:
                 reply = self._recv(slot, deadline)
-                results.append(pickle.loads(reply) if reply else None)
+                results[slot.index] = pickle.loads(reply) if reply else None
             except _Failure as f:
                 if f.reason == "timeout" and deadline == caller_deadline:
                     late.extend(slot.envs)
@@ -400,7 +442,6 @@ class ProcessBackend(Backend):
                 else:
                     self._restart(slot, f, what, [REPORT_NEXT] * len(slot.envs))
                     errors.append(f"env worker {slot.index} {f.reason} during {what}: {f.error}")
-                results.append(None)
         if late:
             raise WaitTimeoutError(
                 f"The call to `call_wait` has timed out after {timeout} second(s) (envs "
@@ -411,7 +452,7 @@ class ProcessBackend(Backend):
             if raised:  # as AsyncVectorEnv: the env's own exception, with its type
                 raise raised[0] from summary
             raise summary
-        return results
+        return [results[slot.index] for slot in self.slots]
 
     def call(self, name: str, args: tuple, kwargs: dict) -> list[Any]:
         """``env.<name>(*args, **kwargs)`` (or the attribute) for every env, in env order."""
@@ -438,11 +479,12 @@ class ProcessBackend(Backend):
         self._command_all(P.SETATTR, payloads, f"set_attr({name!r})")
 
     def worker_info(self) -> list[dict[str, Any]]:
-        """Per worker: pid, ppid, ``modules`` (its sys.modules), environ of interest."""
-        return self._command_all(P.INFO, [b""] * len(self.slots), "info")
+        """Per worker process: pid, ppid, ``modules`` (its sys.modules), environ of interest."""
+        infos = self._command_all(P.INFO, [b""] * len(self.slots), "info")
+        return [info for slot, info in zip(self.slots, infos) if not slot.local]
 
     def pids(self) -> list[int]:
-        return [s.proc.pid for s in self.slots if s.proc is not None]
+        return [s.proc.pid for s in self.slots if s.proc is not None and not s.local]
 
     # --- close ------------------------------------------------------------------------
     def close(self) -> None:

@@ -42,7 +42,14 @@ How it works and what else it does:
   ``next_step``: that step says truncated, the following step is a reset step (reward 0).
   ``same_step``: no ``final_obs`` for them (``infos["_final_obs"]`` is False there).
   After ``max_restarts`` failures of one worker, :class:`WorkerFailedError` (pool closed).
-* ``num_workers=0`` steps the envs in this process; ``"auto"`` times both and picks.
+* ``num_workers=0`` steps the envs in this process. ``caller_envs=k``: the last k envs step
+  in this process during ``step_wait`` (as with ``num_workers=0``) while the workers step the
+  others, so the caller's core works instead of waiting (:mod:`rlstash.envs.caller_share`;
+  on 2 cores ``num_workers=1, caller_envs=n // 2`` beats 2 workers for MuJoCo envs). An
+  env of the caller's share that raises is handled as a worker that raised (the share is
+  rebuilt, reported as worker ``num_workers``); a hang there cannot be cut short.
+  ``"auto"`` times in-process, W workers and W-1 workers + the caller's share of n // W envs
+  (W: the usable cores) and keeps the fastest.
 * Observations are returned as copies unless ``pool.copy = False`` (then they are views of
   shared memory, valid until the next ``step``/``reset``).
 * The shared segment is an anonymous ``memfd`` (named ``rlstash_<pid>_pool`` in
@@ -98,6 +105,7 @@ class ProcessPoolVectorEnv(VectorEnv):
         daemon: bool = True,
         max_concurrency: int | None = None,
         worker: Callable | None = None,
+        caller_envs: int = 0,
     ) -> None:
         """Start the envs.
 
@@ -138,11 +146,15 @@ class ProcessPoolVectorEnv(VectorEnv):
                 protocol). Given one, the envs run in gymnasium's AsyncVectorEnv, one process
                 per env (:mod:`rlstash.envs.gym_worker`): no restarts, no torch-free start;
                 ``num_workers`` must be None.
+            caller_envs: the last ``caller_envs`` envs step in this process during
+                ``step_wait`` while the workers step the others (default 0; see the module
+                docstring). Needs ``num_workers >= 1`` (None: the usable cores minus one).
         """
         fns = config.factories(env_fns, num_envs, env_kwargs)
         n = len(fns)
         mode = config.autoreset_mode(autoreset_mode)
         workers = config.cap_workers(config.num_workers(num_workers, n), max_concurrency)
+        workers, caller = config.caller_envs(caller_envs, workers, num_workers, n)
         method = config.start_method(context)
         timeout = config.step_timeout(step_timeout)
         restarts = config.check_positive_int("max_restarts", max_restarts, minimum=0)
@@ -155,12 +167,14 @@ class ProcessPoolVectorEnv(VectorEnv):
         rng = np.random.default_rng(self._seed)
         resolve = config.space_resolver(obs_mode, self.shared_memory)
 
-        def processes(w: int) -> ProcessBackend:
-            return ProcessBackend(fns, w, mode, method, environ, timeout, restarts, rng)
+        def processes(w: int, k: int = 0) -> ProcessBackend:
+            return ProcessBackend(fns, w, mode, method, environ, timeout, restarts, rng, k)
 
         self.auto_timing: dict[str, float] = {}
         if worker is not None:
             check_worker(worker, num_workers)
+            if caller:
+                raise ValueError(f"caller_envs: expected 0 with a custom worker, got {caller}")
             gym_options = {
                 "context": context, "shared_memory": self.shared_memory, "daemon": self.daemon,
                 "observation_mode": obs_mode, "max_concurrency": max_concurrency,
@@ -173,13 +187,16 @@ class ProcessPoolVectorEnv(VectorEnv):
             )
         else:
             backend = (
-                InProcessBackend(fns, mode, restarts, rng) if workers == 0 else processes(workers)
+                InProcessBackend(fns, mode, restarts, rng)
+                if workers == 0
+                else processes(workers, caller)
             )
             described = auto.start(backend, resolve)
         self._backend = backend
         self._finalizer = weakref.finalize(self, backend.close)
         self.num_envs = n
         self.num_workers: int = backend.num_workers
+        self.caller_envs: int = getattr(backend, "caller_envs", 0)
         self.context: str | None = (
             context if worker is not None else method if backend.num_workers else None
         )
@@ -383,6 +400,8 @@ class ProcessPoolVectorEnv(VectorEnv):
 
     def __repr__(self) -> str:
         where = f"{self.num_workers} workers" if self.num_workers else "in-process"
+        if self.caller_envs:
+            where += f" + {self.caller_envs} envs in the caller"
         name = self.spec.id if self.spec is not None else "envs"
         return f"ProcessPoolVectorEnv({name}, num_envs={self.num_envs}, {where})"
 
@@ -407,7 +426,7 @@ class ProcessPoolVectorEnv(VectorEnv):
         return self._backend.worker_info()  # type: ignore[attr-defined]
 
     def envs_of(self, worker: int) -> range:
-        """The env indices held by ``worker``."""
+        """The env indices held by ``worker`` (``num_workers``: the caller's share)."""
         slots = getattr(self._backend, "slots", None)
         if not slots:
             return range(self.num_envs)

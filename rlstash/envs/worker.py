@@ -56,7 +56,7 @@ def error_payload(exc: BaseException) -> bytes:
     return pickle.dumps(reply)
 
 
-class _Worker:
+class Worker:
     """State of one worker between commands."""
 
     def __init__(self, mem_fd: int) -> None:
@@ -130,6 +130,30 @@ class _Worker:
         finals = runner.final_objects if runner.mode == "same_step" else None
         return dumps((batched, runner.obs_objects, finals))
 
+    def step(self, payload: bytes) -> bytes:
+        """Step every env; the STEP reply's payload (b"" for a plain OK). ``payload``: the
+        pickled actions of an action space without an array layout, else b"". Infos are
+        batched here, in parallel, not by the pool."""
+        actions = pickle.loads(payload) if payload else None  # act_pickled only
+        infos = self.runner.step(actions)  # type: ignore[union-attr]
+        if self.pickled_obs:
+            return self.reply(infos)
+        return self.step_infos(infos) if infos else b""
+
+    def handle(self, tag: bytes, payload: bytes) -> bytes:
+        """Run one command other than CLOSE; its OK payload (an exception is the error)."""
+        if tag == P.STEP:
+            return self.step(payload)
+        handlers = {
+            P.INIT: self.init,
+            P.ATTACH: self.attach,
+            P.RESET: self.reset,
+            P.CALL: self.call,
+            P.SETATTR: self.set_attr,
+            P.INFO: self.info,
+        }
+        return handlers[tag](payload)
+
     def step_infos(self, infos: list) -> bytes:
         """A STEP reply's payload for non-empty ``infos``: in shared memory when they are
         plain numbers with one schema (:mod:`~rlstash.envs.info_columns`), else pickled."""
@@ -197,15 +221,7 @@ def serve(cmd_fd: int, reply_fd: int, mem_fd: int) -> int:
     for fd in (cmd_fd, reply_fd, mem_fd):
         os.set_inheritable(fd, False)  # env subprocesses must not hold our pipes open
     _watch_parent(os.getppid())
-    worker = _Worker(mem_fd)
-    handlers = {
-        P.INIT: worker.init,
-        P.ATTACH: worker.attach,
-        P.RESET: worker.reset,
-        P.CALL: worker.call,
-        P.SETATTR: worker.set_attr,
-        P.INFO: worker.info,
-    }
+    worker = Worker(mem_fd)
     ok_message, step_tag = P.OK_MESSAGE, P.STEP
     while True:
         try:
@@ -214,12 +230,9 @@ def serve(cmd_fd: int, reply_fd: int, mem_fd: int) -> int:
             tag, payload = P.CLOSE, b"parent gone"
         try:
             if tag == step_tag:  # the hot path: one read, one 5-byte write
-                actions = pickle.loads(payload) if payload else None  # act_pickled only
-                infos = worker.runner.step(actions)  # type: ignore[union-attr]
-                if worker.pickled_obs:
-                    P.send(reply_fd, P.OK, worker.reply(infos))
-                elif infos:  # batched here, in parallel, not by the pool
-                    P.send(reply_fd, P.OK, worker.step_infos(infos))
+                reply = worker.step(payload)
+                if reply:
+                    P.send(reply_fd, P.OK, reply)
                 else:
                     os.write(reply_fd, ok_message)
                 continue
@@ -228,8 +241,7 @@ def serve(cmd_fd: int, reply_fd: int, mem_fd: int) -> int:
                 if not payload:
                     P.send(reply_fd, P.OK)
                 return 0
-            result = handlers[tag](payload)
-            P.send(reply_fd, P.OK, result)
+            P.send(reply_fd, P.OK, worker.handle(tag, payload))
         except P.PeerGone:
             return 0
         except BaseException as exc:  # noqa: BLE001 - every error goes back to the pool

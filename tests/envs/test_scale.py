@@ -63,6 +63,8 @@ def test_auto_times_both_and_says_which(mode):
             best = max(timing, key=timing.get)
             assert (pool.num_workers == 0) == (best == "in_process")
             assert ("in-process" in message) == (best == "in_process")
+            assert (pool.caller_envs > 0) == ("+caller" in best)  # W-1 workers + the caller
+            assert ("caller_envs=" in message) == ("+caller" in best)
         obs, _ = pool.reset()
         assert obs.shape == (8, 4)
         pool.step(np.zeros(8, dtype=np.int64))
