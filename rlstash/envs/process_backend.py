@@ -23,6 +23,7 @@ import numpy as np
 from rlstash.envs import protocol as P
 from rlstash.envs.backend import NO_REPORT, REPORT_NEXT, REPORT_NOW, Backend
 from rlstash.envs.caller_share import CallerShare
+from rlstash.envs.cpus import usable_cpus
 from rlstash.envs.errors import WaitTimeoutError, WorkerFailedError
 from rlstash.envs.info_columns import NEW, Schema, block_infos, read_schema
 from rlstash.envs.launch import Launcher, WorkerProcess
@@ -31,6 +32,8 @@ from rlstash.envs.shutdown import CLOSE_TIMEOUT, death_text, release_workers
 from rlstash.envs.worker import dumps
 
 START_TIMEOUT = 120.0  # seconds for a worker to build its envs
+WORKER_SPIN = 200e-6  # seconds a worker polls for the next STEP before sleeping (see spin)
+CALLER_SPIN = 100e-6  # seconds the caller polls for a worker's reply before sleeping
 
 
 class _Failure(Exception):
@@ -64,6 +67,7 @@ class _Slot:
         self.blob = cloudpickle.dumps(list(factories))
         self.local = local
         self.proc: WorkerProcess | CallerShare | None = None
+        self.spinner: P.Spinner | None = None  # polls the reply pipe (ProcessBackend.spin)
         self.pending = 0  # replies still to read (after an interrupted wait)
         self.send_failed = False
         self.info_schema: Schema | None = None  # of its last infos in shared memory
@@ -104,6 +108,11 @@ class ProcessBackend(Backend):
         self._wait_order = sorted(self.slots, key=lambda s: not s.local)
         self.num_workers = num_workers
         self.caller_envs = caller_envs
+        # W workers + the caller's share fit the cores: nobody waits for a core, so polling
+        # briefly for the next message beats sleeping (a wake-up costs tens of us, and on a
+        # busy core the woken worker takes the caller's core); W workers alone would poll on
+        # the cores the others step on
+        self.spin = bool(caller_envs) and num_workers + 1 <= usable_cpus()
         self.num_envs = n
         self.mode = mode
         self.step_timeout = step_timeout
@@ -174,17 +183,18 @@ class ProcessBackend(Backend):
         import sys
 
         authkey = bytes(multiprocessing.current_process().authkey)  # for Manager proxies
-        return pickle.dumps((list(sys.path), slot.start, self.mode, slot.blob, authkey))
+        spin = WORKER_SPIN if self.spin else 0.0
+        return pickle.dumps((list(sys.path), slot.start, self.mode, slot.blob, authkey, spin))
 
     def _procs(self) -> list[Any]:
         return [s.proc for s in self.slots if s.proc is not None]
 
     def _new_process(self, slot: _Slot) -> None:
-        slot.proc = (
-            CallerShare(self.mem_fd)
-            if slot.local
-            else self.launcher.start(self.mem_fd, self._procs())
-        )
+        if slot.local:
+            slot.proc = CallerShare(self.mem_fd)
+            return
+        slot.proc = self.launcher.start(self.mem_fd, self._procs())
+        slot.spinner = P.Spinner(slot.proc.reply_fd, CALLER_SPIN if self.spin else 0.0)
 
     # --- messaging --------------------------------------------------------------------
     def _send(self, slot: _Slot, tag: bytes, payload: bytes = b"") -> None:
@@ -208,7 +218,9 @@ class ProcessBackend(Backend):
             slot.send_failed = False
             raise _Failure("died", self._death_text(slot))
         try:
+            slot.spinner.wait()  # type: ignore[union-attr]
             tag, payload = P.recv(slot.proc.reply_fd, deadline)
+            slot.spinner.done()  # type: ignore[union-attr]
         except P.PeerGone:
             slot.pending = 0
             raise _Failure("died", self._death_text(slot)) from None

@@ -82,6 +82,38 @@ def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
     return b"".join(parts)
 
 
+class Spinner:
+    """A bounded spin before a blocking read, kept only while it pays.
+
+    Waking a sleeping process costs tens of microseconds, and on a busy core the woken
+    worker can take the core of the process that woke it. When the next message usually
+    comes within ``seconds``, polling the pipe that long without sleeping avoids both. After a
+    wait longer than ``seconds`` (a slow caller: a policy, a training step) the next wait
+    blocks at once; it spins again once waits are short again. ``seconds=0``: never spins.
+    """
+
+    def __init__(self, fd: int, seconds: float) -> None:
+        self.seconds = seconds
+        self.short = True  # the last wait was within the budget
+        self._poller = select.poll()
+        self._poller.register(fd, select.POLLIN)
+        self._since = 0.0
+
+    def wait(self) -> None:
+        """Spin until ``fd`` is readable or the budget is spent (if the last wait was short);
+        call right before the blocking read, then :meth:`done` after it."""
+        self._since = now = time.perf_counter()
+        if not (self.seconds and self.short):
+            return
+        end, poll = now + self.seconds, self._poller.poll
+        while not poll(0) and time.perf_counter() < end:
+            pass
+
+    def done(self) -> None:
+        """The message was read: remember whether the wait was short."""
+        self.short = time.perf_counter() - self._since <= self.seconds
+
+
 def recv(fd: int, deadline: float | None = None) -> tuple[bytes, bytes]:
     """Read one message ``(tag, payload)``; ``deadline`` is a ``time.monotonic()`` value.
 

@@ -69,9 +69,10 @@ class Worker:
         self.spaces: tuple = ()
         self.pickled_obs = False
         self.info_columns: InfoColumnWriter | None = None
+        self.spin = 0.0  # seconds to poll for the next command before sleeping
 
     def init(self, payload: bytes) -> bytes:
-        sys_path, self.start, self.mode, blob, authkey = pickle.loads(payload)
+        sys_path, self.start, self.mode, blob, authkey, self.spin = pickle.loads(payload)
         sys.path[:] = list(sys_path) + [p for p in sys.path if p not in sys_path]
         # as a multiprocessing child: the pool's authkey, so that factories may hold
         # multiprocessing.Manager proxies (locks, values) of the pool's process
@@ -223,9 +224,12 @@ def serve(cmd_fd: int, reply_fd: int, mem_fd: int) -> int:
     _watch_parent(os.getppid())
     worker = Worker(mem_fd)
     ok_message, step_tag = P.OK_MESSAGE, P.STEP
+    spinner = P.Spinner(cmd_fd, 0.0)  # the pool's choice comes with INIT
     while True:
         try:
+            spinner.wait()
             tag, payload = P.recv(cmd_fd)
+            spinner.done()
         except P.PeerGone:
             tag, payload = P.CLOSE, b"parent gone"
         try:
@@ -242,6 +246,7 @@ def serve(cmd_fd: int, reply_fd: int, mem_fd: int) -> int:
                     P.send(reply_fd, P.OK)
                 return 0
             P.send(reply_fd, P.OK, worker.handle(tag, payload))
+            spinner.seconds = worker.spin
         except P.PeerGone:
             return 0
         except BaseException as exc:  # noqa: BLE001 - every error goes back to the pool

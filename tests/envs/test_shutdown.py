@@ -231,3 +231,33 @@ def test_close_right_after_step_async_does_not_wait_for_the_kill():
         pool.close()
     assert wait_gone([pid]) == []
     assert took < CLOSE_TIMEOUT / 2, f"close took {took:.1f} s: the worker missed CLOSE"
+
+
+def test_spinner_returns_when_readable_and_stops_spinning_after_a_long_wait():
+    """The bounded poll before a blocking read (workers + the caller's share on enough
+    cores): it ends as soon as a message is there, and after a wait longer than its budget
+    the next wait does not spin at all (a slow caller costs no CPU)."""
+    from rlstash.envs import protocol as P
+
+    r, w = os.pipe()
+    try:
+        spinner = P.Spinner(r, 0.05)
+        P.send(w, P.STEP)
+        t0 = time.perf_counter()
+        spinner.wait()
+        assert time.perf_counter() - t0 < 0.04  # readable: no full spin
+        assert P.recv(r) == (P.STEP, b"")
+        spinner.done()
+        assert spinner.short
+        spinner.wait()  # nothing comes: spins the whole budget
+        time.sleep(0.06)
+        P.send(w, P.STEP)
+        P.recv(r)
+        spinner.done()
+        assert not spinner.short
+        t0 = time.process_time()
+        spinner.wait()  # right after a long wait: no spin
+        assert time.process_time() - t0 < 0.02
+    finally:
+        os.close(r)
+        os.close(w)
