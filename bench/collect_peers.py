@@ -45,6 +45,7 @@ PEERS: dict[str, str] = {  # key -> label in the tables
     "sb3-subproc": "SB3 SubprocVecEnv",
     "rlstash-w0": "rlstash ProcessPoolVectorEnv num_workers=0",
     "rlstash-w2": "rlstash ProcessPoolVectorEnv num_workers=2",
+    "rlstash-w1c": "rlstash ProcessPoolVectorEnv num_workers=1, caller_envs=n//2",
     "rlstash-auto": 'rlstash ProcessPoolVectorEnv num_workers="auto"',
     "rlstash-w8": "rlstash ProcessPoolVectorEnv num_workers=8",
 }
@@ -168,13 +169,17 @@ class SB3Subproc(Peer):
 class RlstashPool(Peer):
     """rlstash ProcessPoolVectorEnv with ``num_workers`` 0, W or "auto" (its choice is kept in ``note``)."""
 
-    def __init__(self, env: str, n: int, seed: int, num_workers: int | str) -> None:
+    def __init__(
+        self, env: str, n: int, seed: int, num_workers: int | str, caller_envs: int = 0
+    ) -> None:
         super().__init__(env, n, seed)
         from rlstash.envs import ProcessPoolVectorEnv
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            self.vec = ProcessPoolVectorEnv(ENVS[env], n, num_workers=num_workers, seed=seed)
+            self.vec = ProcessPoolVectorEnv(
+                ENVS[env], n, num_workers=num_workers, seed=seed, caller_envs=caller_envs
+            )
         self.note = " ".join(str(w.message) for w in caught)
         self.single_action_space = self.vec.single_action_space
 
@@ -192,6 +197,8 @@ def build_peer(key: str, env: str, n: int, seed: int = 0, sb3_start: str | None 
         return SB3Subproc(env, n, seed, sb3_start)
     if key.startswith("rlstash-"):
         w = key.removeprefix("rlstash-")
+        if w == "w1c":  # one worker + the caller's half of the envs
+            return RlstashPool(env, n, seed, 1, caller_envs=n // 2)
         return RlstashPool(env, n, seed, "auto" if w == "auto" else int(w.removeprefix("w")))
     raise ValueError(f"key: expected one of {', '.join(PEERS)}, got {key!r}")
 
