@@ -142,28 +142,29 @@ def spawn(task: dict, timeout: float) -> dict:
     return spawn_worker(__file__, task, timeout)
 
 
-def run_learning(store: RunStore, part: str, seeds: list[int], budget: int, libs: list[str],
-                 done: set[tuple[str, int, int]], info: dict) -> None:  # fmt: skip
-    """Interleave the sides seed by seed; each run is saved as soon as it ends. A shared run
-    (same run id) already done by this invocation is not run twice."""
-    for seed in seeds:
-        for lib in libs:
-            rid = run_id(part, lib)
-            if (rid, budget, seed) in done:
-                continue
-            task = {"part": part, "lib": lib, "seed": seed, "budget": budget}
-            start = time.time()
-            out = spawn(task, timeout=3 * 3600)
-            out.setdefault("commit", info["commit"])
-            out.update(
-                machine=info["machine"],
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            )
-            store.save_run(rid, budget, seed, out)
-            done.add((rid, budget, seed))
-            print(f"{part} {lib} seed {seed}: {out.get('error', 'ok')} train "
-                  f"{out.get('train_seconds', 0):.0f} s ({time.time() - start:.0f} s)",
-                  flush=True)  # fmt: skip
+def run_learning(store: RunStore, parts: list[str], seeds: list[int], budget: int | None,
+                 libs: list[str], done: set[tuple[str, int, int]], info: dict) -> None:  # fmt: skip
+    """Interleave the sides and the parts seed by seed (seed 0 of every part and side, then
+    seed 1, ...); each run is saved as soon as it ends. A shared run (same run id) already done
+    by this invocation is not run twice."""
+    for seed, part, lib in ((s, p, lib) for s in seeds for p in parts for lib in libs):
+        budget_ = budget or TASKS[part]["budget"]
+        rid = run_id(part, lib)
+        if (rid, budget_, seed) in done:
+            continue
+        task = {"part": part, "lib": lib, "seed": seed, "budget": budget_}
+        start = time.time()
+        out = spawn(task, timeout=3 * 3600)
+        out.setdefault("commit", info["commit"])
+        out.update(
+            machine=info["machine"],
+            date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        )
+        store.save_run(rid, budget_, seed, out)
+        done.add((rid, budget_, seed))
+        print(f"{part} {lib} seed {seed}: {out.get('error', 'ok')} train "
+              f"{out.get('train_seconds', 0):.0f} s ({time.time() - start:.0f} s)",
+              flush=True)  # fmt: skip
 
 
 def run_extra(store: RunStore, part: str) -> None:
@@ -233,11 +234,10 @@ def main() -> None:
 
     info = {"commit": code_commit(), "machine": machine_info()}
     info["machine"].pop("torch_threads", None)  # the parent's; every worker runs one thread
-    for part in parts:
-        if part in EXTRA_PARTS:
-            run_extra(store, part)
-        else:
-            run_learning(store, part, seeds, args.budget or TASKS[part]["budget"], libs, done, info)
+    run_learning(store, [p for p in parts if p not in EXTRA_PARTS], seeds, args.budget, libs,
+                 done, info)  # fmt: skip
+    for part in (p for p in parts if p in EXTRA_PARTS):
+        run_extra(store, part)
     import learn_report
 
     for out in learn_report.write_reports(store, RESULTS, report_paragraphs()):

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -54,6 +56,35 @@ ZOO_PPO = {
     "n_envs": 8, "n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98,
     "n_epochs": 20, "ent_coef": 0.0, "learning_rate": "lin_0.001", "clip_range": "lin_0.2",
 }  # fmt: skip
+
+# HalfCheetah-v3 in hyperparams/ppo.yml (the Zoo's tuned MuJoCo entry; n_timesteps 1e6, here
+# the benchmark's 300,000): VecNormalize with SB3's defaults (obs and reward, clip 10) and, as
+# the Zoo does, the algorithm's gamma; constant learning rate and clip range.
+ZOO_PPO_CHEETAH = {
+    "n_envs": 1, "normalize": {"norm_obs": True, "norm_reward": True, "gamma": 0.98},
+    "n_steps": 512, "batch_size": 64, "gamma": 0.98, "learning_rate": 2.0633e-05,
+    "ent_coef": 0.000401762, "clip_range": 0.1, "n_epochs": 20, "gae_lambda": 0.92,
+    "max_grad_norm": 0.8, "vf_coef": 0.58096,
+    "policy_kwargs": {"log_std_init": -2.0, "ortho_init": False, "activation_fn": "relu",
+                      "net_arch": {"pi": [256, 256], "vf": [256, 256]}},
+}  # fmt: skip
+# rlstash's MuJoCo preset (CleanRL's ppo_continuous_action) in SB3's terms: one env, 2048 steps
+# per rollout, minibatch 64, 10 epochs, lr 3e-4 annealed linearly to 0, clip 0.2 and value clip
+# 0.2, advantage normalisation, gamma 0.99, lambda 0.95, no entropy bonus, vf_coef 0.5, grad norm
+# 0.5, VecNormalize of observations and rewards (gamma 0.99, clip 10), separate (64, 64) tanh
+# policy and value nets with orthogonal init, state-independent log std starting at 0, Adam eps
+# 1e-5 (SB3's default for PPO). Left different: rlstash folds a rollout into its observation
+# statistics after the rollout, VecNormalize at every step.
+SAME_PPO_CHEETAH = {
+    "n_envs": 1, "normalize": {"norm_obs": True, "norm_reward": True, "gamma": 0.99,
+                               "clip_obs": 10.0, "clip_reward": 10.0},
+    "n_steps": 2048, "batch_size": 64, "n_epochs": 10, "learning_rate": "lin_3e-4",
+    "clip_range": 0.2, "clip_range_vf": 0.2, "gamma": 0.99, "gae_lambda": 0.95,
+    "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5,
+    "policy_kwargs": {"log_std_init": 0.0, "ortho_init": True, "activation_fn": "tanh",
+                      "net_arch": {"pi": [64, 64], "vf": [64, 64]}},
+}  # fmt: skip
+CHEETAH_RETURNS_AT = (100_000, 200_000, 300_000)
 
 # The zoo's DQN settings in rlstash's terms. SB3's target_update_interval counts env steps
 # (10): with bursts of 128 updates every 256 env steps the target is copied from the online net
@@ -101,7 +132,30 @@ TASKS: dict[str, dict[str, Any]] = {
     "td3_same": {"algo": "td3", "env": "Pendulum-v1", "threshold": -200.0, "budget": 20_000,
                  "rlstash": SAME_TD3, "sb3": ZOO_TD3, "sb3_id": "sb3-td3_zoo",
                  "group": "same"},
+    # PPO HalfCheetah-v5: rlstash's preset in both comparisons (one set of rlstash runs)
+    "ppo_cheetah": {"algo": "ppo", "env": "HalfCheetah-v5", "threshold": None,
+                    "budget": 300_000, "rlstash": None, "sb3": ZOO_PPO_CHEETAH,
+                    "rlstash_id": "rlstash-ppo_cheetah", "sb3_id": "sb3-ppo_cheetah_zoo",
+                    "group": "preset", "eval_every": 10_000, "eval_episodes": 5,
+                    "returns_at": CHEETAH_RETURNS_AT},
+    "ppo_cheetah_same": {"algo": "ppo", "env": "HalfCheetah-v5", "threshold": None,
+                         "budget": 300_000, "rlstash": None, "sb3": SAME_PPO_CHEETAH,
+                         "rlstash_id": "rlstash-ppo_cheetah", "group": "same",
+                         "eval_every": 10_000, "eval_episodes": 5,
+                         "returns_at": CHEETAH_RETURNS_AT},
+    # End to end with compiled updates (issue 15): rlstash with compile=True against the SB3
+    # runs of the eager part (same settings, shared runs); reported as env steps/s.
+    "ppo_compile": {"algo": "ppo", "env": "CartPole-v1", "threshold": 475.0, "budget": 100_000,
+                    "rlstash": {"compile": True}, "sb3": ZOO_PPO, "sb3_id": "sb3-ppo",
+                    "group": "same", "eager": "ppo"},
+    "sac_same_compile": {"algo": "sac", "env": "HalfCheetah-v5", "threshold": None,
+                         "budget": 15_000, "rlstash": {**SAME_SAC, "compile": True},
+                         "sb3": {"buffer_size": 15_000}, "sb3_id": "sb3-sac_same",
+                         "group": "same", "eval_every": 5000, "eval_episodes": 5,
+                         "eager": "sac_same"},
 }  # fmt: skip
+# What `rlstash train` says once with compile=True (rlstash/train/runlog.py::note_compile).
+COMPILED = re.compile(r"compiled the update in ([0-9.]+) s")
 EVAL_EVERY = 1000
 EVAL_EPISODES = 10
 LIBS = ("rlstash", "sb3")
@@ -137,7 +191,8 @@ def run_rlstash(part: str, seed: int, budget: int) -> dict:
             checkpoint_every=10 * budget, agent=agent, **loop,
         )  # fmt: skip
         start = time.perf_counter()
-        result = train(cfg)
+        with contextlib.redirect_stdout(io.StringIO()) as out:  # what the trainer says
+            result = train(cfg)
         wall = time.perf_counter() - start
         evals = Path(tmp) / "run" / "eval.csv"  # absent when the budget ends before eval_every
         with open(evals) if evals.exists() else contextlib.nullcontext([]) as fh:
@@ -146,8 +201,10 @@ def run_rlstash(part: str, seed: int, budget: int) -> dict:
                 for r in csv.DictReader(fh)
             ]
     settings = overrides or _preset(task["algo"], task["env"])
+    said = COMPILED.search(out.getvalue())
     return {"curve": curve, "steps": result.steps, "train_seconds": result.train_seconds,
-            "wall_seconds": wall, "settings": settings}  # fmt: skip
+            "wall_seconds": wall, "settings": settings,
+            "compile_seconds": float(said.group(1)) if said else None}  # fmt: skip
 
 
 def _preset(algo: str, env: str) -> dict:
@@ -176,9 +233,9 @@ def _eval_clock(env_id: str, seed: int, eval_every: int, episodes: int) -> Any:
     import numpy as np
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.evaluation import evaluate_policy
-    from stable_baselines3.common.vec_env import DummyVecEnv
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize, sync_envs_normalization
 
-    eval_env = DummyVecEnv([lambda: gym.make(env_id) for _ in range(episodes)])
+    eval_env: Any = DummyVecEnv([lambda: gym.make(env_id) for _ in range(episodes)])
 
     class EvalClock(BaseCallback):
         def __init__(self) -> None:
@@ -188,6 +245,9 @@ def _eval_clock(env_id: str, seed: int, eval_every: int, episodes: int) -> Any:
             self.start = 0.0
 
         def _on_training_start(self) -> None:
+            nonlocal eval_env
+            if isinstance(self.training_env, VecNormalize):  # evaluate on frozen statistics
+                eval_env = VecNormalize(eval_env, training=False, norm_reward=False)
             self.start = time.perf_counter()
 
         def _on_step(self) -> bool:
@@ -195,6 +255,8 @@ def _eval_clock(env_id: str, seed: int, eval_every: int, episodes: int) -> Any:
                 t0 = time.perf_counter()
                 train_s = t0 - self.start - self.excluded
                 eval_env.seed(seed + 10_000 + len(self.curve))
+                if isinstance(eval_env, VecNormalize):  # the training env's obs statistics now
+                    sync_envs_normalization(self.training_env, eval_env)
                 returns, _ = evaluate_policy(
                     self.model, eval_env, n_eval_episodes=episodes, deterministic=True,
                     return_episode_rewards=True,
@@ -224,17 +286,28 @@ def _sb3_off_policy(task: dict, seed: int) -> Any:
 
 
 def _sb3_ppo(task: dict, seed: int) -> Any:
-    """SB3's PPO with the part's settings (its n_envs DummyVecEnv, lin_ schedules)."""
+    """SB3's PPO with the part's settings (its n_envs DummyVecEnv, lin_ schedules, VecNormalize
+    where ``normalize`` gives its arguments, activations by name)."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+    from torch import nn
 
     kw = dict(task["sb3"])
     env = make_vec_env(task["env"], n_envs=kw.pop("n_envs"), seed=seed)
+    if "normalize" in kw:
+        env = VecNormalize(env, **kw.pop("normalize"))
     for key in ("learning_rate", "clip_range"):
         if isinstance(kw.get(key), str) and kw[key].startswith("lin_"):
             start = float(kw[key][4:])
             kw[key] = lambda progress, start=start: progress * start
-    return PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kw)
+    policy_kwargs = dict(kw.pop("policy_kwargs", {}))
+    if "activation_fn" in policy_kwargs:
+        policy_kwargs["activation_fn"] = {"tanh": nn.Tanh, "relu": nn.ReLU}[
+            policy_kwargs["activation_fn"]
+        ]
+    return PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, policy_kwargs=policy_kwargs,
+               **kw)  # fmt: skip
 
 
 def worker(task: dict) -> dict:
