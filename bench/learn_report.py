@@ -130,11 +130,115 @@ def speed_section(name: str, budget: int, runs: dict) -> list[str]:
     return lines + _per_run(runs, cells, headers) + _settings_lines(runs) + [""]
 
 
+def return_at(curve: list[list[float]], step: int) -> list[float] | None:
+    """[env step, return] of the first evaluation at or after ``step`` (None: none)."""
+    return next(([c[0], c[2]] for c in curve if c[0] >= step), None)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def returns_section(name: str, budget: int, runs: dict) -> list[str]:
+    """A part with ``returns_at``: median eval return at those env steps and training seconds
+    for the budget; goals: rlstash's return >= SB3's at each, seconds <= GOAL_TIME x SB3's."""
+    from common import markdown_table
+
+    task = TASKS[name]
+    ok = {lib: [r for r in runs[lib].values() if "error" not in r] for lib in LIBS}
+    rows, goals = [], []
+    for step in task["returns_at"]:
+        med = {}
+        for lib in LIBS:
+            found = [return_at(r["curve"], step) for r in ok[lib]]
+            med[lib] = _median([f[1] for f in found]) if None not in found else math.nan
+        rl, sb = med["rlstash"], med["sb3"]
+        rows.append([f"{step:,}", _cell(rl, ".0f"), _cell(sb, ".0f"), _cell(rl - sb, "+.0f")])
+        goals.append(f"- return at {step:,} env steps: {_cell(rl, '.0f')} vs {_cell(sb, '.0f')}: "
+                     f"**{'met' if rl >= sb else 'missed'}**")  # fmt: skip
+    secs = {lib: _median([r["train_seconds"] for r in ok[lib]]) for lib in LIBS}
+    rt, st = secs["rlstash"], secs["sb3"]
+    goals.append(f"- training seconds for the budget: {_cell(rt, '.1f')} vs {GOAL_TIME} x "
+                 f"{_cell(st, '.1f')}: **{'met' if rt <= GOAL_TIME * st else 'missed'}**")  # fmt: skip
+    n = {lib: len(ok[lib]) for lib in LIBS}
+    lines = [_title(name, budget), "",
+             f"Medians over seeds (rlstash {n['rlstash']}, SB3 {n['sb3']}); the return at N is "
+             "each run's first evaluation at or after N env steps (SB3 evaluates at N exactly, "
+             "rlstash at the end of the rollout that passes N):", "",
+             markdown_table(["env steps", "rlstash return", "SB3 return", "rlstash - SB3"],
+                            rows), "",
+             markdown_table(["", "rlstash", "SB3", "ratio"],
+                            [["training seconds, whole budget", _cell(rt, ".1f"),
+                              _cell(st, ".1f"), _ratio(rt, st)]]), "",
+             f"Goal (rlstash >= SB3's return at equal steps, <= {GOAL_TIME}x its training "
+             "seconds):", "", *goals, "", "Per run (return at N: env step: return):", ""]  # fmt: skip
+
+    def cells(r: dict) -> list[str]:
+        at = [return_at(r["curve"], step) for step in task["returns_at"]]
+        marks = ["never" if a is None else f"{a[0]:,}: {a[1]:.0f}" for a in at]
+        rets = " ".join(f"{c[2]:.0f}" for c in r["curve"])
+        return [*marks, f"{r['train_seconds']:.1f}", f"{r['steps'] / r['train_seconds']:.0f}", rets]
+
+    headers = ["seed", "library", *(f"return at {s // 1000}k" for s in task["returns_at"]),
+               "train s", "steps/s", "eval returns", "load 1m before/after", "commit"]  # fmt: skip
+    return lines + _per_run(runs, cells, headers) + _settings_lines(runs) + [""]
+
+
+def end_to_end_section(name: str, budget: int, eager: dict, compiled: dict) -> list[str]:
+    """Env steps/s of rlstash eager and compiled (part ``name``, ``compile=True``) against SB3
+    (the eager part's runs, shared), each over its whole run, compile time included."""
+    from common import markdown_table
+
+    task = TASKS[name]
+    sides = {"rlstash eager": eager["rlstash"], "rlstash compile=True": compiled["rlstash"],
+             "SB3": eager["sb3"]}  # fmt: skip
+    ok = {k: [r for r in v.values() if "error" not in r] for k, v in sides.items()}
+    rate = {k: _median([r["steps"] / r["train_seconds"] for r in rs]) for k, rs in ok.items()}
+    rows = []
+    for side, rs in ok.items():
+        comp = [r["compile_seconds"] for r in rs if r.get("compile_seconds")]
+        net = [r["steps"] / (r["train_seconds"] - r["compile_seconds"]) for r in rs
+               if r.get("compile_seconds")]  # fmt: skip
+        rows.append([side, len(rs), _cell(_median([r["train_seconds"] for r in rs]), ".1f"),
+                     _cell(rate[side], ".1f"), _ratio(rate[side], rate["SB3"]),
+                     _cell(_median(comp), ".1f") if comp else "",
+                     _cell(_median(net), ".1f") if net else ""])  # fmt: skip
+    lines = [f"## End to end, compiled updates: {task['algo'].upper()} {task['env']}, identical "
+             f"settings, {budget:,} env steps", "",
+             f"`rlstash train` with the settings of the `{task['eager']}` part, eager and with "
+             "`compile=True`, against the same SB3 runs; medians over seeds of env steps / "
+             "training seconds (evaluation excluded). The compile time is what the trainer says "
+             "once (\"compiled the update in ... s\"); it is inside the training seconds, and "
+             "the last column takes it out.", "",
+             markdown_table(["side", "seeds", "train s", "env steps/s", "x SB3", "compile s",
+                             "env steps/s without compile"], rows), "",
+             "Per run:", ""]  # fmt: skip
+    per_run = []
+    for seed in sorted({s for v in sides.values() for s in v}, key=int):
+        for side, v in sides.items():
+            r = v.get(seed)
+            if r is None:
+                continue
+            if "error" in r:
+                per_run.append([seed, side, r["error"], "", "", "", ""])
+                continue
+            commit = r.get("commit", "?") if side != "SB3" else "—"
+            comp = r.get("compile_seconds")
+            per_run.append([seed, side, f"{r['train_seconds']:.1f}",
+                            f"{r['steps'] / r['train_seconds']:.1f}",
+                            f"{comp:.1f}" if comp else "", _load(r), commit])  # fmt: skip
+    lines.append(markdown_table(["seed", "side", "train s", "env steps/s", "compile s",
+                                 "load 1m before/after", "commit"], per_run))  # fmt: skip
+    return lines + [""]
+
+
 def learning_section(name: str, budget: int, runs: dict) -> list[str]:
     """First crossing / stays / solved: medians, goals and the per-run table of ``name``."""
     from common import markdown_table
 
     task = TASKS[name]
+    if task.get("returns_at"):
+        return returns_section(name, budget, runs)
     if task["threshold"] is None:
         return speed_section(name, budget, runs)
     goal_time = task.get("goal_time", GOAL_TIME)
@@ -263,6 +367,13 @@ def write_reports(store: Any, results_dir: Path, paras: dict[str, list[str]]) ->
             if task["group"] != group:
                 continue
             budget, runs = store.part_runs(name)
+            if "eager" in task:  # compiled against the eager part's SB3 runs
+                if runs["rlstash"]:
+                    _, eager = store.part_runs(task["eager"])
+                    body += end_to_end_section(name, budget, eager, runs)
+                else:
+                    body += old.kept(f"## End to end, compiled updates: {task['algo'].upper()}")
+                continue
             kept = old.kept(*_old_headings(name))
             if all(runs[lib] for lib in LIBS) or (any(runs.values()) and not kept):
                 body += learning_section(name, budget, runs)

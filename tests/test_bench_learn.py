@@ -113,3 +113,95 @@ def test_unknown_parts_or_libs_are_refused_before_anything_runs(argv, monkeypatc
     with pytest.raises(SystemExit, match="expected some of"):
         learn.main()
     assert not any(tmp_path.iterdir())
+
+
+def _curve(step_returns: list[tuple[int, float]]) -> list[list[float]]:
+    return [[step, step / 1000, ret] for step, ret in step_returns]
+
+
+def test_cheetah_returns_at_equal_steps_and_seconds_against_the_goals(tmp_path):
+    """The return at N is each run's first eval at or after N (SB3 at N, rlstash at the end
+    of the rollout that passes N); medians over seeds; goals per point and for seconds."""
+    store = learn.RunStore(tmp_path / "runs")
+    rl = [(100_352, 1500.0), (200_704, 2500.0), (301_056, 3000.0)]
+    sb3 = [(100_000, 1000.0), (200_000, 2600.0), (300_000, 2900.0)]
+    for seed, bump in enumerate((0.0, 100.0, -50.0)):
+        store.save_run(
+            "rlstash-ppo_cheetah",
+            300_000,
+            seed,
+            _run(_curve([(s, r + bump) for s, r in rl]), 60.0 + seed, "2026-02-02"),
+        )
+        store.save_run(
+            "sb3-ppo_cheetah_same",
+            300_000,
+            seed,
+            _run(_curve([(s, r + bump) for s, r in sb3]), 100.0, "2026-02-01"),
+        )
+    learn_report.write_reports(store, tmp_path, learn.report_paragraphs())  # fmt: skip
+    text = (tmp_path / "learn_same.md").read_text()
+    part = text.split("## PPO HalfCheetah-v5, identical settings")[1].split("\n## ")[0]
+    assert "| 100,000 | 1500 | 1000 | +500 |" in part
+    assert "| 200,000 | 2500 | 2600 | -100 |" in part
+    assert "return at 100,000 env steps: 1500 vs 1000: **met**" in part
+    assert "return at 200,000 env steps: 2500 vs 2600: **missed**" in part
+    assert "| training seconds, whole budget | 61.0 | 100.0 | 0.61x |" in part
+    assert "61.0 vs 0.7 x 100.0: **met**" in part
+    assert "100,352: 1500" in part  # the step each run was evaluated at
+    # the preset table reuses the same rlstash runs (no Zoo runs yet: rlstash side only)
+    preset = (tmp_path / "learn.md").read_text()
+    assert "## PPO HalfCheetah-v5, each side's preset" in preset
+
+
+def test_end_to_end_compiled_against_the_eager_parts_sb3_runs(tmp_path):
+    store = learn.RunStore(tmp_path / "runs")
+    curve = _curve([(5000, -100.0), (10_000, 500.0), (15_000, 900.0)])
+    for seed in (0, 1):
+        store.save_run("rlstash-sac_same", 15_000, seed, _run(curve, 150.0, "2026-02-02"))
+        compiled = _run(curve, 100.0, "2026-02-02") | {"compile_seconds": 25.0}
+        store.save_run("rlstash-sac_same_compile", 15_000, seed, compiled)
+        store.save_run("sb3-sac_same", 15_000, seed, _run(curve, 300.0, "2026-02-01"))
+    learn_report.write_reports(store, tmp_path, learn.report_paragraphs())
+    text = (tmp_path / "learn_same.md").read_text()
+    part = text.split("## End to end, compiled updates: SAC HalfCheetah-v5")[1].split("\n## ")[0]
+    assert "| rlstash eager | 2 | 150.0 | 100.0 | 2.00x |  |  |" in part
+    assert "| rlstash compile=True | 2 | 100.0 | 150.0 | 3.00x | 25.0 | 200.0 |" in part
+    assert "| SB3 | 2 | 300.0 | 50.0 | 1.00x |  |  |" in part
+
+
+def test_cheetah_and_compile_parts_share_runs_where_a_side_runs_the_same_settings():
+    from learn_tasks import TASKS, run_id
+
+    assert run_id("ppo_cheetah", "rlstash") == run_id("ppo_cheetah_same", "rlstash")
+    assert run_id("ppo_cheetah", "sb3") != run_id("ppo_cheetah_same", "sb3")
+    for compiled in ("ppo_compile", "sac_same_compile"):
+        eager = TASKS[compiled]["eager"]
+        assert run_id(compiled, "sb3") == run_id(eager, "sb3")
+        assert run_id(compiled, "rlstash") != run_id(eager, "rlstash")
+        assert TASKS[compiled]["rlstash"] == {**(TASKS[eager]["rlstash"] or {}), "compile": True}
+
+
+def test_parts_and_sides_are_interleaved_seed_by_seed_and_shared_runs_run_once(
+    tmp_path, monkeypatch
+):
+    order = []
+    monkeypatch.setattr(learn, "spawn", lambda task, timeout: order.append(task) or {})
+    info = {"commit": "abc", "machine": {}}
+    learn.run_learning(learn.RunStore(tmp_path), ["sac_same", "sac_same_compile"], [0, 1],
+                       None, ["rlstash", "sb3"], set(), info)  # fmt: skip
+    assert [(t["seed"], t["part"], t["lib"]) for t in order] == [
+        (0, "sac_same", "rlstash"), (0, "sac_same", "sb3"), (0, "sac_same_compile", "rlstash"),
+        (1, "sac_same", "rlstash"), (1, "sac_same", "sb3"), (1, "sac_same_compile", "rlstash"),
+    ]  # fmt: skip
+    assert {t["budget"] for t in order} == {15_000}
+
+
+def test_the_compile_time_is_read_from_what_the_trainer_says(tmp_path, capsys):
+    from learn_tasks import COMPILED
+
+    from rlstash.train.runlog import RunLog
+
+    log = RunLog(tmp_path, 100, quiet=True)
+    log.note_compile(12.5, final=True)
+    said = COMPILED.search(capsys.readouterr().out)
+    assert said is not None and float(said.group(1)) == 12.5
