@@ -232,6 +232,43 @@ def end_to_end_section(name: str, budget: int, eager: dict, compiled: dict) -> l
     return lines + [""]
 
 
+def _net(settings: dict) -> tuple[int, ...]:
+    """Hidden layers of a run's settings (rlstash: net_arch; SB3: policy_kwargs.net_arch)."""
+    net = settings.get("net_arch") or settings.get("policy_kwargs", {}).get("net_arch")
+    return tuple(net)
+
+
+def update_rate_lines(name: str, runs: dict) -> list[str]:
+    """Updates per training second against the FLOP limit: the updates' matmul FLOPs
+    (bench/updates.py) over the matmul rate measured in the run's process before and after it.
+    Training seconds include acting and env steps, so this is a lower bound."""
+    import updates
+    from common import markdown_table
+
+    task = TASKS[name]
+    rows = []
+    for lib in LIBS:
+        ok = [r for r in runs[lib].values() if "error" not in r and r.get("matmul_flops")]
+        if not ok:
+            continue
+        net = _net(ok[0]["settings"])
+        flops = updates.flops_per_update(task["algo"], net, lib, dims=task["update_rate"])
+        rate = _median([r["updates_at"][0] / r["updates_at"][1] for r in ok])
+        peak = _median([statistics.mean(r["matmul_flops"]) for r in ok])
+        frac = _median([r["updates_at"][0] / r["updates_at"][1] * flops
+                        / statistics.mean(r["matmul_flops"]) for r in ok])  # fmt: skip
+        rows.append([lib, len(ok), str(list(net)), f"{flops / 1e6:.0f}", f"{rate:.1f}",
+                     f"{peak / 1e9:.0f}", f"{peak / flops:.0f}", f"{frac:.2f}"])  # fmt: skip
+    if not rows:
+        return []
+    return ["Update rate against the FLOP limit (medians over seeds; updates / training seconds, "
+            "which include acting and env steps; the matmul rate is measured in the run's "
+            "process just before and after it):", "",
+            markdown_table(["library", "seeds", "net", "MFLOP/update", "updates/s",
+                            "matmul GFLOP/s", "limit updates/s", "fraction of limit"], rows),
+            ""]  # fmt: skip
+
+
 def learning_section(name: str, budget: int, runs: dict) -> list[str]:
     """First crossing / stays / solved: medians, goals and the per-run table of ``name``."""
     from common import markdown_table
@@ -264,7 +301,8 @@ def learning_section(name: str, budget: int, runs: dict) -> list[str]:
              markdown_table(["point", "rlstash steps", "SB3 steps", "ratio", "rlstash s",
                              "SB3 s", "ratio"], rows), "",
              f"Goal (rlstash <= SB3 env steps and <= {goal_time}x its training seconds):", "",
-             *goals, "", "Per run (env steps / training seconds; the last columns: whole budget):",
+             *goals, "", *update_rate_lines(name, runs),
+             "Per run (env steps / training seconds; the last columns: whole budget):",
              ""]  # fmt: skip
 
     def cells(r: dict) -> list[str]:

@@ -113,7 +113,8 @@ SAME_TD3 = {
 }  # fmt: skip
 
 # part -> algo, env, threshold (None: no threshold, seconds and returns only), budget (env
-# steps), each side's settings (None: rlstash's preset) and run id, group, evaluation schedule.
+# steps), each side's settings (None: rlstash's preset) and run id, group, evaluation schedule;
+# update_rate: (obs dim, act dim) of the env, to report updates/s against the FLOP limit.
 TASKS: dict[str, dict[str, Any]] = {
     "dqn": {"algo": "dqn", "env": "CartPole-v1", "threshold": 475.0, "budget": 50_000,
             "rlstash": None, "sb3": ZOO_DQN, "sb3_id": "sb3-dqn_zoo", "group": "preset"},
@@ -122,7 +123,8 @@ TASKS: dict[str, dict[str, Any]] = {
     "ppo": {"algo": "ppo", "env": "CartPole-v1", "threshold": 475.0, "budget": 100_000,
             "rlstash": None, "sb3": ZOO_PPO, "group": "preset", "goal_time": 0.5},
     "td3": {"algo": "td3", "env": "Pendulum-v1", "threshold": -200.0, "budget": 20_000,
-            "rlstash": None, "sb3": ZOO_TD3, "sb3_id": "sb3-td3_zoo", "group": "preset"},
+            "rlstash": None, "sb3": ZOO_TD3, "sb3_id": "sb3-td3_zoo", "group": "preset",
+            "update_rate": (3, 1)},
     "dqn_same": {"algo": "dqn", "env": "CartPole-v1", "threshold": 475.0, "budget": 50_000,
                  "rlstash": SAME_DQN, "sb3": ZOO_DQN, "sb3_id": "sb3-dqn_zoo",
                  "group": "same"},
@@ -131,7 +133,7 @@ TASKS: dict[str, dict[str, Any]] = {
                  "eval_every": 5000, "eval_episodes": 5},
     "td3_same": {"algo": "td3", "env": "Pendulum-v1", "threshold": -200.0, "budget": 20_000,
                  "rlstash": SAME_TD3, "sb3": ZOO_TD3, "sb3_id": "sb3-td3_zoo",
-                 "group": "same"},
+                 "group": "same", "update_rate": (3, 1)},
     # PPO HalfCheetah-v5: rlstash's preset in both comparisons (one set of rlstash runs)
     "ppo_cheetah": {"algo": "ppo", "env": "HalfCheetah-v5", "threshold": None,
                     "budget": 300_000, "rlstash": None, "sb3": ZOO_PPO_CHEETAH,
@@ -194,6 +196,10 @@ def run_rlstash(part: str, seed: int, budget: int) -> dict:
         with contextlib.redirect_stdout(io.StringIO()) as out:  # what the trainer says
             result = train(cfg)
         wall = time.perf_counter() - start
+        rows = Path(tmp) / "run" / "progress.csv"  # its last row: updates so far
+        with open(rows) if rows.exists() else contextlib.nullcontext([]) as fh:
+            last = list(csv.DictReader(fh))[-1:]
+        progress = [float(last[0]["updates"]), float(last[0]["train_seconds"])] if last else None
         evals = Path(tmp) / "run" / "eval.csv"  # absent when the budget ends before eval_every
         with open(evals) if evals.exists() else contextlib.nullcontext([]) as fh:
             curve = [
@@ -203,7 +209,7 @@ def run_rlstash(part: str, seed: int, budget: int) -> dict:
     settings = overrides or _preset(task["algo"], task["env"])
     said = COMPILED.search(out.getvalue())
     return {"curve": curve, "steps": result.steps, "train_seconds": result.train_seconds,
-            "wall_seconds": wall, "settings": settings,
+            "wall_seconds": wall, "settings": settings, "updates_at": progress,
             "compile_seconds": float(said.group(1)) if said else None}  # fmt: skip
 
 
@@ -222,8 +228,10 @@ def run_sb3(part: str, seed: int, budget: int) -> dict:
     start = time.perf_counter()
     model.learn(total_timesteps=budget, callback=clock)
     wall = time.perf_counter() - start
-    return {"curve": clock.curve, "steps": budget, "train_seconds": wall - clock.excluded,
-            "wall_seconds": wall, "settings": task["sb3"]}  # fmt: skip
+    train_s = wall - clock.excluded
+    return {"curve": clock.curve, "steps": budget, "train_seconds": train_s,
+            "wall_seconds": wall, "settings": task["sb3"],
+            "updates_at": [model._n_updates, train_s]}  # fmt: skip
 
 
 def _eval_clock(env_id: str, seed: int, eval_every: int, episodes: int) -> Any:
@@ -325,4 +333,10 @@ def worker(task: dict) -> dict:
 
         return updates.measure(task["name"])
     fn = run_rlstash if task["lib"] == "rlstash" else run_sb3
-    return fn(task["part"], task["seed"], task["budget"])
+    if not TASKS[task["part"]].get("update_rate"):
+        return fn(task["part"], task["seed"], task["budget"])
+    import updates  # the matmul rate of this process, before and after the run
+
+    before = updates.matmul_flops()
+    out = fn(task["part"], task["seed"], task["budget"])
+    return {**out, "matmul_flops": [before, updates.matmul_flops()]}

@@ -72,9 +72,12 @@ def macs(dims: list[int]) -> int:
     return sum(a * b for a, b in zip(dims[:-1], dims[1:]))
 
 
-def flops_per_update(algo: str, net: tuple[int, ...], side: str) -> float:
-    """FLOPs of one update's matmuls (module docstring)."""
-    obs, act = TASKS[algo]
+def flops_per_update(
+    algo: str, net: tuple[int, ...], side: str, dims: tuple[int, int] | None = None
+) -> float:
+    """FLOPs of one update's matmuls (module docstring); ``dims``: (obs dim, actions or
+    act_dim) of another env than the benchmark's."""
+    obs, act = dims or TASKS[algo]
     b = BATCH
     if algo == "dqn":
         return (10 if side.startswith("rlstash") else 8) * b * macs([obs, *net, act])
@@ -154,6 +157,15 @@ def _rlstash(algo: str, net: tuple[int, ...], compile: bool) -> Any:
     run.first_s = time.perf_counter() - start  # type: ignore[attr-defined]
     run.compile_s = getattr(agent, "compile_seconds", 0.0)  # type: ignore[attr-defined]
     return run
+
+
+def matmul_flops(seconds: float = 1.0) -> float:
+    """This process's matmul FLOP/s now (the 512 x 512 product of ``_matmul``, ~``seconds``)."""
+    run, n, start = _matmul(), 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        run(8)
+        n += 8
+    return n * 2 * MATMUL_N**3 / elapsed
 
 
 def _matmul() -> Any:

@@ -205,3 +205,25 @@ def test_the_compile_time_is_read_from_what_the_trainer_says(tmp_path, capsys):
     log.note_compile(12.5, final=True)
     said = COMPILED.search(capsys.readouterr().out)
     assert said is not None and float(said.group(1)) == 12.5
+
+
+def test_td3_update_rate_is_reported_against_the_flop_limit(tmp_path):
+    """updates / training second x matmul FLOPs per update / the process's matmul FLOP/s:
+    (400, 300) TD3 on Pendulum (3 -> 1) is 256 x (2 Pa + 16 Pc + (6 Pa + 4 Pc) / 2) with
+    Pa = 3*400 + 400*300 + 300*1 and Pc = 4*400 + 400*300 + 300*1: 717 MFLOP."""
+    store = learn.RunStore(tmp_path / "runs")
+    curve = _curve([(1000, -1000.0), (2000, -150.0)])
+    rl = _run(curve, 100.0, "2026-02-02") | {
+        "settings": {"net_arch": [400, 300]}, "updates_at": [10_000, 100.0],
+        "matmul_flops": [0.9e11, 1.1e11],
+    }  # fmt: skip
+    sb3 = _run(curve, 200.0, "2026-02-01") | {
+        "settings": {"policy_kwargs": {"net_arch": [400, 300]}}, "updates_at": [10_000, 200.0],
+        "matmul_flops": [1e11, 1e11],
+    }  # fmt: skip
+    store.save_run("rlstash-td3_same", 20_000, 0, rl)
+    store.save_run("sb3-td3_zoo", 20_000, 0, sb3)
+    learn_report.write_reports(store, tmp_path, learn.report_paragraphs())
+    part = (tmp_path / "learn_same.md").read_text().split("## TD3 Pendulum-v1")[1]
+    assert "| rlstash | 1 | [400, 300] | 717 | 100.0 | 100 | 139 | 0.72 |" in part
+    assert "| sb3 | 1 | [400, 300] | 717 | 50.0 | 100 | 139 | 0.36 |" in part
