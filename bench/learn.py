@@ -14,22 +14,28 @@ bench/results/learn_same.md (identical settings, update rates). Runs in ``.venv-
 Each side's preset (what a user gets; learn.md): ``dqn`` CartPole-v1 (50,000 env steps,
 threshold 475), ``sac`` Pendulum-v1 (20,000, -200), ``ppo`` CartPole-v1 (100,000, 475; rlstash's
 preset is the RL Zoo's settings on SB3's network, so this is also the identical-settings
-comparison), ``td3`` Pendulum-v1 (20,000, -200): rlstash's ``rlstash train`` preset against SB3
-with the RL Zoo's settings; ``contextual`` and ``ppo_contextual``: discrete SAC and PPO on
+comparison), ``td3`` Pendulum-v1 (20,000, -200), ``ppo_cheetah`` HalfCheetah-v5 (300,000 env
+steps, return at 100k/200k/300k): rlstash's ``rlstash train`` preset against SB3 with the RL
+Zoo's settings; ``contextual`` and ``ppo_contextual``: discrete SAC and PPO on
 bench/contextual.py's 100,000-action task, chunked vs one-hot (peak memory).
 
 Identical settings on both sides (what the implementation is worth; learn_same.md):
 ``dqn_same`` CartPole-v1 with the RL Zoo's DQN settings ((256, 256), 1-step returns),
 ``sac_same`` HalfCheetah-v5 with SB3's SAC defaults ((256, 256), 15,000 env steps, seconds
-only), ``td3_same`` Pendulum-v1 with the RL Zoo's TD3 settings ((400, 300)); ``updates``: each
-agent's update rate as a fraction of its network's compute limit (bench/updates.py).
-Where a preset part and an identical-settings part run SB3 with the same settings (dqn and
-dqn_same, td3 and td3_same), they share SB3's runs.
+only), ``td3_same`` Pendulum-v1 with the RL Zoo's TD3 settings ((400, 300); both TD3 parts also
+report updates per training second against the FLOP limit), ``ppo_cheetah_same``
+HalfCheetah-v5 with rlstash's preset (CleanRL's settings) in SB3's terms (VecNormalize;
+300,000 env steps); ``ppo_compile`` and ``sac_same_compile``: end to end, env steps/s of
+``ppo`` and ``sac_same`` with ``compile=True``; ``updates``: each agent's update rate as a
+fraction of its network's compute limit (bench/updates.py). Where two parts run a side with
+the same settings they share its runs (SB3: dqn and dqn_same, td3 and td3_same, ppo and
+ppo_compile, sac_same and sac_same_compile; rlstash: ppo_cheetah and ppo_cheetah_same).
 
 Method (learning parts): every run is a fresh subprocess with one torch thread and CUDA hidden;
 runs are interleaved (rlstash seed 0, SB3 seed 0, rlstash seed 1, ...). Both sides evaluate on
 the same schedule (every 1,000 env steps, 10 deterministic episodes; HalfCheetah: every 5,000,
-5 episodes) on separate eval envs, and both exclude evaluation time from the training clock
+PPO every 10,000, 5 episodes) on separate eval envs (with normalised observations: each side's
+statistics at that point, frozen), and both exclude evaluation time from the training clock
 (SB3 through a callback that stops the clock while it evaluates; rlstash's loop does so itself).
 Both run the whole budget (no early stop), so the "stays" point means: every later evaluation up
 to the end of the budget is >= threshold.
