@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -313,3 +315,54 @@ def test_same_step_autoreset_chunks_round_trip(chunk):
         feed([plain, packed], frames[sl], term[sl], trunc[sl], chunk, False, same_step=True)
         if plain.valid.any():
             assert_same_reads(plain, packed, max_lost=comp.chain - 1)
+
+
+def test_lz4_decodes_into_a_buffer_as_its_decompressor_does():
+    codec = make_codec("lz4")
+    assert codec.decode_into is not None  # python-lz4's extension exports LZ4_decompress_safe
+    frame = pong_like(1, 1, seed=3)[0, 0].reshape(-1)
+    payload = np.frombuffer(codec.compress(frame), np.uint8).copy()
+    out = np.zeros(frame.size + 8, np.uint8)  # 8 guard bytes stay untouched
+    n = codec.decode_into(payload.ctypes.data, out.ctypes.data, payload.size, frame.size)
+    assert n == frame.size
+    np.testing.assert_array_equal(out[: frame.size], frame)
+    np.testing.assert_array_equal(out[: frame.size], np.frombuffer(
+        codec.decompress(payload, frame.size), np.uint8))  # fmt: skip
+    assert not out[frame.size :].any()
+    bad = codec.decode_into(payload.ctypes.data, out.ctypes.data, payload.size - 3, frame.size)
+    assert bad != frame.size  # a cut payload is an error, never a short frame
+
+
+@pytest.mark.parametrize("delta", [False, True])
+def test_reads_without_decode_into_equal_reads_with_it(delta):
+    """The ctypes path (decode straight into the batch) and the bytes path read the same."""
+    T, N = 120, 3
+    frames = pong_like(T, N, seed=4)
+    term, trunc = episodes(T, N, seed=5)
+    comp = FrameCompression("lz4", delta=delta, key_every=4, budget=1.0)
+    plain, packed = pair(comp, N)
+    feed([plain, packed], frames, term, trunc, 5, False)
+    arena = packed.backing.arenas["obs"]
+    assert arena.codec.decode_into is not None and not arena.raw.any()
+    idx = np.flatnonzero(packed.valid)
+    fast = packed.gather(idx)
+    arena.codec = dataclasses.replace(arena.codec, decode_into=None)
+    slow = packed.gather(idx)
+    want = plain.read(idx)
+    for key in want:
+        torch.testing.assert_close(fast[key], want[key], rtol=0, atol=0, msg=key)
+        torch.testing.assert_close(slow[key], want[key], rtol=0, atol=0, msg=key)
+
+
+def test_a_corrupt_payload_is_an_error_naming_the_slot():
+    T, N = 30, 2
+    frames = pong_like(T, N, seed=6)
+    term, trunc = np.zeros((T, N), bool), np.zeros((T, N), bool)
+    comp = FrameCompression("lz4", budget=1.0)
+    _, packed = pair(comp, N)
+    feed([packed], frames, term, trunc, 10, False)
+    arena = packed.backing.arenas["obs"]
+    row = 5
+    arena.size[row] -= 3  # the payload cut short: lz4 refuses it
+    with pytest.raises(RuntimeError, match=r"payload of slot 5 is corrupt \(lz4 decoded"):
+        arena.gather(np.array([row]))

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -147,6 +148,8 @@ class FrameArena:
         self._cur = np.zeros(F, np.uint8)  # scratch of reads
         self._flat = memoryview(self.data.reshape(-1))  # payloads sliced without a copy
         self._whole = self.data.reshape(-1, F)  # [N * A / F, F]: frames stored raw, aligned
+        self._addr = self.data.ctypes.data  # the arena's address (decode_into reads there)
+        self._scratch = np.zeros((0, F), np.uint8)  # decoded deltas of a read, reused
 
     # ------------------------------------------------------------------ writing
     def write(self, rows: np.ndarray, frames: np.ndarray) -> None:
@@ -222,27 +225,29 @@ class FrameArena:
     # ------------------------------------------------------------------ reading
     def gather(self, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Frames of ``rows`` [P, j] (each row's frames a forward run of one lane, as frame
-        stacks) or [P] -> uint8 [*rows.shape, *frame].
+        stacks) or [P] -> uint8 [*rows.shape, *frame] (into ``out`` when given).
 
-        Each run decodes in one walk from the key frame of its first row to its last row; the
-        walks of all runs are planned with numpy. When every frame walked is a key, the
-        frames are decoded straight into the output (raw ones with one numpy gather);
-        otherwise each delta is added (``uint8``, mod 256) to the frame before it.
+        Without delta coding every frame is a key: each is decoded on its own, straight into
+        the output (raw ones with one numpy gather). With delta coding each run decodes in one
+        walk from the key frame of its first row to its last row (the walks of all runs
+        planned with numpy), each delta added (``uint8``, mod 256) to the frame before it.
         """
+        shape = (*rows.shape, *self.shape)
+        dst = None if out is None else out.reshape(-1, self.F)
+        if self.comp.chain == 1:
+            return self._keys(rows.reshape(-1), dst).reshape(shape)
         runs = rows.reshape(len(rows), -1) if rows.ndim else rows.reshape(1, 1)
         walk = self._walks(runs)
         if walk is None:  # some run is not a forward run of one lane: each row on its own
-            return self.gather(rows.reshape(-1, 1), out).reshape(*rows.shape, *self.shape)
+            return self.gather(rows.reshape(-1, 1), out).reshape(shape)
         walk_rows, pick = walk  # [W], [P, j] index into the walk
-        if self.comp.chain == 1 or not self.depth[walk_rows].any():  # keys only
-            got = self._keys(walk_rows[pick.reshape(-1)])
-        else:
-            got = self._sum_chains(walk_rows, self._payloads(walk_rows), pick.reshape(-1))
-        got = got.reshape(*rows.shape, *self.shape)
-        if out is None:
-            return got
-        out.reshape(got.shape)[...] = got
-        return out.reshape(got.shape)
+        if not self.depth[walk_rows].any():  # keys only
+            return self._keys(walk_rows[pick.reshape(-1)], dst).reshape(shape)
+        got = self._sum_chains(walk_rows, self._payloads(walk_rows), pick.reshape(-1))
+        if dst is None:
+            return got.reshape(shape)
+        dst[...] = got
+        return dst.reshape(shape)
 
     def _walks(self, runs: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """Rows decoded per run (from its first row's key to its last row), concatenated [W],
@@ -266,29 +271,65 @@ class FrameArena:
         walk_rows = (first // L * L)[sid] + (key_pos[sid] + t) % L
         return walk_rows, start[:, None] + d0[:, None] + rel
 
-    def _keys(self, rows: np.ndarray) -> np.ndarray:
-        """Key frames of ``rows`` [Q] -> [Q, F]. Raw frames at offsets that are multiples of
-        F (incompressible data: the log then holds whole frames) come in one numpy gather;
-        the others are decompressed into the output."""
+    def _keys(self, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Key frames of ``rows`` [Q] -> [Q, F] (``out``: C-contiguous [Q, F] uint8, or
+        None). Raw frames at offsets that are multiples of F (incompressible data: the log
+        then holds whole frames) come in one numpy gather; the others are decoded into the
+        output."""
         F, L = self.F, self.L
         off = self.off[rows]
         fast = self.raw[rows] & (off % F == 0)
-        out = _empty((len(rows), F))
+        out = _empty((len(rows), F)) if out is None else out
         if fast.all():
             at = rows // L * (self.A // F) + off // F  # whole-frame index of each frame
             return np.take(self._whole, at, axis=0, out=out, mode="clip")  # clip: unbuffered
         if fast.any():
             at = rows[fast] // L * (self.A // F) + off[fast] // F  # whole-frame index
             out[fast] = np.take(self._whole, at, axis=0)
-        dst = memoryview(out).cast("B")  # slice assignment: a C-level copy per frame
-        for q, part in zip(np.flatnonzero(~fast).tolist(), self._payloads(rows[~fast])):
-            dst[q * F : (q + 1) * F] = part
+            slow = np.flatnonzero(~fast)
+            self._decode(rows[slow], out, slow)
+        else:
+            self._decode(rows, out, None)
         return out
+
+    def _decode(self, rows: np.ndarray, out: np.ndarray, at: np.ndarray | None) -> None:
+        """Payloads of ``rows`` [Q] decoded into the rows ``at`` [Q] (None: 0..Q-1) of
+        ``out`` [*, F] (C-contiguous): with the codec's ``decode_into``, one C call per
+        compressed payload (``map`` over the ctypes function: no Python frame between
+        them) and every result checked; else one ``decompressor`` call and copy each."""
+        F, L = self.F, self.L
+        start = self.off[rows] + rows // L * self.A  # [Q] payload offsets in the arena
+        size, raw = self.size[rows], self.raw[rows]
+        decode = self.codec.decode_into
+        if decode is None or raw.any():  # rare (frames stored raw at odd offsets) or no ctypes
+            dst = memoryview(out).cast("B")
+            where = range(len(rows)) if at is None else at.tolist()
+            for q, part in zip(where, self._payloads(rows)):
+                dst[q * F : (q + 1) * F] = part
+            return
+        base = out.ctypes.data
+        dsts = base + F * (np.arange(len(rows)) if at is None else at)
+        done = list(map(decode, (self._addr + start).tolist(), dsts.tolist(), size.tolist(),
+                        repeat(F, len(rows))))  # fmt: skip
+        if done.count(F) != len(done):
+            bad = next(i for i, n in enumerate(done) if n != F)
+            raise RuntimeError(
+                f"FrameArena: the payload of slot {int(rows[bad])} is corrupt ({self.comp.codec} "
+                f"decoded {done[bad]} bytes, expected {F})"
+            )
 
     def _payloads(self, walk_rows: np.ndarray) -> Iterator[Any]:
         """Decoded payloads (a frame, or a delta) of ``walk_rows``: bytes-likes of F bytes,
         one at a time (a consumer copies each before the next is made: one small buffer,
-        reused and cache-hot, instead of a megabyte of them page-faulted in per batch)."""
+        reused and cache-hot, instead of a megabyte of them page-faulted in per batch). With
+        the codec's ``decode_into`` the compressed ones are first decoded into a scratch
+        [W, F] that is kept and reused."""
+        if self.codec.decode_into is not None and not self.raw[walk_rows].any():
+            if len(self._scratch) < len(walk_rows):
+                self._scratch = _empty((2 * len(walk_rows), self.F))
+            scratch = self._scratch[: len(walk_rows)]
+            self._decode(walk_rows, scratch, None)
+            return iter(scratch)
         offs = self.off[walk_rows] + walk_rows // self.L * self.A
         ends = (offs + self.size[walk_rows]).tolist()
         mv, dec = self._flat, self._decompress
