@@ -82,6 +82,22 @@ def test_doctor_reports_the_machine(capsys, monkeypatch):
         (["--autotune-alpha", "--set", "autotune_alpha=maybe"], None, ["autotune_alpha", "bool"]),
         (["--algo", "nope"], None, ["--algo", "dqn, sac", "'nope'", "pick one"]),
         (["--set", "nope=1"], None, ["--set nope", "a known setting", "settings:"]),
+        (["--compress", "gzip"], None, ["--compress", "none, lz4, zstd", "'gzip'", "pick one"]),
+        (
+            ["--compress", "lz4", "--compress-budget", "0"],
+            None,
+            ["--compress-budget", "(0, 1]", "0.0", "e.g. 0.1"],
+        ),
+        (
+            ["--compress", "lz4", "--storage", "disk"],
+            None,
+            ["--compress", "host RAM", "storage disk", "--storage ram"],
+        ),
+        (
+            ["--compress", "zstd", "--buffer-device", "cuda:0"],
+            None,
+            ["--compress", "buffer_device cuda:0", "--buffer-device cpu"],
+        ),
     ],
 )
 def test_train_bad_setting_is_one_line_and_writes_nothing(tmp_path, capsys, argv, toml, words):

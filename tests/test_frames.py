@@ -366,3 +366,21 @@ def test_a_corrupt_payload_is_an_error_naming_the_slot():
     arena.size[row] -= 3  # the payload cut short: lz4 refuses it
     with pytest.raises(RuntimeError, match=r"payload of slot 5 is corrupt \(lz4 decoded"):
         arena.gather(np.array([row]))
+
+
+@pytest.mark.parametrize(
+    "flags", [["--compress", "none"], ["--compress", "lz4", "--compress-budget", "0.1"],
+              ["--compress", "zstd", "--compress-delta", "--compress-budget", "0.05"]],
+)  # fmt: skip
+def test_train_and_plan_take_the_same_compress_flags(flags):
+    """``rlstash train`` and ``rlstash plan`` read --compress/--compress-budget/--compress-delta
+    alike: the run's replay gets the compression the plan sized."""
+    from rlstash.train import cli
+    from rlstash.train.cli_train import settings_from_args
+    from rlstash.train.flags import Given
+
+    base = ["--field", "obs=4x16x16:uint8", "--field", "action=:int64", "--layout", "stream"]
+    planned = cli._plan_compression(cli.build_parser().parse_args(["plan", *base, *flags]))
+    given = settings_from_args(cli.build_parser().parse_args(["train", *flags]), Given())
+    assert given.config().compression() == planned
+    assert (planned is None) == (flags[1] == "none")

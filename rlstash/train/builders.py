@@ -356,7 +356,7 @@ def make_buffer(
     k = (cfg.history or 1) if frame_stack is None else frame_stack
     reads = ReadSpec(n_step=cfg.n_steps, gamma=gamma, frame_stack=k)
     if cfg.storage == "ram":
-        backing: Any = "ram"
+        backing: Any = cfg.compression() or "ram"  # --compress: frames compressed in RAM
     elif cfg.storage == "disk":
         backing = "disk"
     else:

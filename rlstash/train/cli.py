@@ -111,7 +111,7 @@ def build_plan(args: argparse.Namespace) -> tuple[MemoryPlan, str]:
     sampler = _plan_sampler(args.sampler)
     common = dict(storage=args.storage, device=args.device, path=args.path, sampler=sampler)
     if args.layout == "naive":
-        if args.compress is not None:
+        if args.compress not in (None, "none"):
             raise ValueError("--compress: compressed frames need --layout stream")
         return plan(spec, args.capacity, **common), _stream_figures(spec, args)
     from rlstash.storage.stream import StreamStorage, slot_spec, transition_step
@@ -138,8 +138,9 @@ def build_plan(args: argparse.Namespace) -> tuple[MemoryPlan, str]:
 
 
 def _plan_compression(args: argparse.Namespace) -> Any:
-    """The FrameCompression of ``--compress`` (None without it); errors name the flag."""
-    if args.compress is None:
+    """The FrameCompression of ``--compress`` (None without it, or 'none', as ``rlstash
+    train --compress``); errors name the flag."""
+    if args.compress in (None, "none"):
         return None
     from rlstash.storage.frames import FrameCompression
 
@@ -266,8 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--compress",
         default=None,
-        help="stream layout: compress pixel frames with this codec (lz4 or zstd; the extra "
-        "'compress'); the arena is sized by --compress-budget",
+        help="stream layout: compress pixel frames with this codec (none, lz4 or zstd; the "
+        "extra 'compress'; as rlstash train --compress); the arena is sized by --compress-budget",
     )
     sp.add_argument(
         "--compress-budget",

@@ -22,6 +22,7 @@ from rlstash.settings import SettingError, check_types
 from rlstash.settings import setting as s
 
 STORAGES = ("ram", "disk", "tiered")
+COMPRESSIONS = ("none", "lz4", "zstd")
 
 
 @dataclass
@@ -75,6 +76,25 @@ class TrainConfig:
     )
     train_freq: int | None = s(None, "Env steps between rounds of updates.", group="replay")
     gradient_steps: int | None = s(None, "Updates per round.", group="replay")
+    compress: str = s(
+        "none",
+        "Compress the replay's pixel frames: none | lz4 (fast reads) | zstd (smaller); RAM "
+        "storage on the CPU only; needs pip install 'rlstash[compress]'.",
+        group="replay",
+    )
+    compress_budget: float = s(
+        0.5,
+        "With --compress: planned stored bytes per frame, as a fraction of a raw frame, in "
+        "(0, 1] (Atari frames take ~0.04 with lz4; frames that compress worse keep fewer "
+        "transitions, never more bytes; see rlstash plan --compress).",
+        group="replay",
+    )
+    compress_delta: bool = s(
+        False,
+        "With --compress: code each frame against the previous frame of its env (smaller, "
+        "slower reads).",
+        group="replay",
+    )
     # learner
     device: str = s("auto", "Learner device: auto | cpu | cuda[:N].", group="learner")
     torch_threads: int = s(1, "Torch CPU threads (small networks: 1 is fastest).", group="learner")
@@ -132,9 +152,36 @@ class TrainConfig:
                 "threshold", "a finite return", self.threshold, "give a number, or leave it unset"
             )
         _one_of(self, "storage", STORAGES)
+        self._check_compression()
         from rlstash.train.algos import ALGOS
 
         _one_of(self, "algo", tuple(ALGOS))
+
+    def _check_compression(self) -> None:
+        _one_of(self, "compress", COMPRESSIONS)
+        b = self.compress_budget
+        if not 0.0 < b <= 1.0:
+            raise SettingError(
+                "compress_budget", "a fraction in (0, 1] of a raw frame", b, "e.g. 0.1 for Atari"
+            )
+        if self.compress == "none":
+            return
+        if self.storage != "ram" or self.buffer_device != "cpu":
+            raise SettingError(
+                "compress", "compressed frames in host RAM (storage ram, buffer_device cpu)",
+                f"{self.compress} with storage {self.storage}, buffer_device "
+                f"{self.buffer_device}", "give --storage ram --buffer-device cpu, or drop it",
+            )  # fmt: skip
+
+    def compression(self) -> Any:
+        """The replay's :class:`~rlstash.storage.frames.FrameCompression`, or None."""
+        if self.compress == "none":
+            return None
+        from rlstash.storage.frames import FrameCompression
+
+        return FrameCompression(
+            self.compress, delta=self.compress_delta, budget=float(self.compress_budget)
+        )
 
     @property
     def lanes(self) -> int:

@@ -163,6 +163,11 @@ def _check_loop_settings(cfg: Any) -> None:
             f"storage: --algo {cfg.algo} keeps one rollout in memory and has no replay "
             f"storage; drop --storage {cfg.storage}"
         )
+    if cfg.compress != "none":
+        raise ValueError(
+            f"compress: --algo {cfg.algo} keeps one rollout in memory, not a replay of "
+            f"frames; drop --compress {cfg.compress}"
+        )
     for name, instead in (("batch_size", "minibatch_size"), ("n_steps", "rollout_steps"),
                           ("buffer_size", None), ("learning_starts", None),
                           ("train_freq", "rollout_steps"), ("gradient_steps", "n_epochs")):  # fmt: skip
