@@ -35,16 +35,19 @@ TINY = dict(
 def test_any_ale_id_gets_the_atari_presets():
     cfg, agent_cfg = algos.resolve(TrainConfig(env="ALE/Qbert-v5"), spaces.Discrete(6))
     assert (cfg.buffer_size, cfg.learning_starts, cfg.train_freq) == (100_000, 80_000, 4)
-    assert (cfg.eval_every, cfg.eval_episodes) == (50_000, 10)
+    assert (cfg.eval_every, cfg.eval_episodes, cfg.checkpoint_every) == (50_000, 10, 50_000)
     assert agent_cfg.target_update_interval == 250 and agent_cfg.exploration_final_eps == 0.01
     cfg, ppo_cfg = algos.resolve(TrainConfig(algo="ppo", env="ALE/Pong-v5"), spaces.Discrete(6))
     assert (ppo_cfg.num_envs, ppo_cfg.rollout_steps, ppo_cfg.n_epochs) == (8, 128, 4)
     assert (ppo_cfg.clip_range, ppo_cfg.ent_coef, ppo_cfg.learning_rate) == (0.1, 0.01, 2.5e-4)
     cfg, _ = algos.resolve(TrainConfig(env="CartPole-v1"), spaces.Discrete(2))
-    assert (cfg.eval_every, cfg.eval_episodes) == (1000, 10)  # no preset: the defaults
-    given = TrainConfig(env="ALE/Pong-v5", eval_every=7, eval_episodes=3, buffer_size=1000)
+    assert (cfg.eval_every, cfg.eval_episodes, cfg.checkpoint_every) == (1000, 10, 10_000)
+    given = TrainConfig(env="ALE/Pong-v5", eval_every=7, eval_episodes=3, buffer_size=1000,
+                        checkpoint_every=9)  # fmt: skip
     cfg, _ = algos.resolve(given, spaces.Discrete(6))
-    assert (cfg.eval_every, cfg.eval_episodes, cfg.buffer_size) == (7, 3, 1000)
+    assert (cfg.eval_every, cfg.eval_episodes, cfg.buffer_size, cfg.checkpoint_every) == (
+        7, 3, 1000, 9,
+    )  # fmt: skip
 
 
 def test_probe_sees_stacks_and_history_is_refused():

@@ -257,3 +257,41 @@ def test_show_config_prints_the_resolved_run_as_a_config_file(
     assert main(["train", "--show-config", "--config", str(tmp_path / "c.toml")]) == 0
     assert capsys.readouterr().out == text  # it round-trips through --config
     assert not runs.exists()
+
+
+# --- run names: one directory under run_dir ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [("CartPole-v1", "dqn-CartPole-v1-s3"), ("ALE/Pong-v5", "dqn-ALE-Pong-v5-s3"),
+     ("rlstash/CartPole-v1", "dqn-rlstash-CartPole-v1-s3"),
+     ("my.mod:Env-v0", "dqn-my.mod-Env-v0-s3")],
+)  # fmt: skip
+def test_default_run_names_are_one_safe_directory(env: str, want: str) -> None:
+    cfg = TrainConfig(env=env, seed=3)
+    assert cfg.run_name == want
+    assert Path(cfg.run_name).name == cfg.run_name  # no '/': not a nested directory
+
+
+def test_a_run_of_an_id_with_a_slash_makes_one_directory(tmp_path: Path) -> None:
+    """rlstash/CartPole-v1 (an id with '/', as ALE ids): its run is runs/<one name>/."""
+    cfg = TrainConfig(env="rlstash/CartPole-v1", run_dir=str(tmp_path), envs=4, **TINY)
+    from rlstash.train.loop import train
+
+    result = train(cfg)
+    assert result.run_dir == tmp_path / "dqn-rlstash-CartPole-v1-s0"
+    assert [p.name for p in tmp_path.iterdir()] == ["dqn-rlstash-CartPole-v1-s0"]
+    assert (result.run_dir / "checkpoint" / "COMPLETE").exists()
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", ".", "x\\y"])
+def test_a_name_that_is_not_one_directory_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    with pytest.raises(SettingError, match="name: expected one directory name"):
+        TrainConfig(name=name)
+    rc = main(["train", "--name", name, "--run-dir", str(tmp_path / "runs"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "--name" in err and "e.g. --name" in err
+    assert not (tmp_path / "runs").exists()

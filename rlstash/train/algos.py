@@ -138,7 +138,7 @@ def resolve(cfg: TrainConfig, act_space: Any) -> tuple[TrainConfig, Any]:
             )  # fmt: skip
     loop = {k: v for k, v in {**algo.loop, **preset}.items() if k in LOOP_SETTINGS}
     loop.update({k: getattr(cfg, k) for k in LOOP_SETTINGS if getattr(cfg, k) is not None})
-    for k, default in RUN_DEFAULTS.items():  # evaluation schedule: given, preset, default
+    for k, default in RUN_DEFAULTS.items():  # eval/checkpoint schedule: given, preset, default
         loop[k] = getattr(cfg, k) if getattr(cfg, k) is not None else preset.get(k, default)
     agent_values = {k: v for k, v in preset.items() if k in known}
     if cfg.history:
@@ -212,12 +212,14 @@ DQN_PRESETS: dict[str, dict[str, Any]] = {
 #   it where RAM allows);
 # - target_update_interval 250 updates = CleanRL's 1,000 env steps at train_freq 4;
 # - the Huber loss and gradient-norm clip 10 of SB3 (CleanRL: MSE, no clip), double DQN;
-# - evaluation every 50,000 steps on 10 full games (unclipped score, all lives).
+# - evaluation every 50,000 steps on 10 full games (unclipped score, all lives);
+# - a checkpoint every 50,000 steps (not the default 10,000: each one writes the whole replay,
+#   0.7 GB at 100,000 frames).
 DQN_PRESETS["atari"] = dict(
     learning_rate=1e-4, batch_size=32, buffer_size=100_000, learning_starts=80_000,
     gamma=0.99, n_steps=1, train_freq=4, gradient_steps=1, target_update_interval=250,
     exploration_fraction=0.1, exploration_final_eps=0.01, total_steps=10_000_000,
-    eval_every=50_000, eval_episodes=10,
+    eval_every=50_000, eval_episodes=10, checkpoint_every=50_000,
 )  # fmt: skip
 
 # Pendulum-v1 starts from the RL Zoo's (hyperparams/sac.yml: lr 1e-3, 20k steps, SB3 defaults

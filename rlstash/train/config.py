@@ -15,6 +15,7 @@ help text is also its ``rlstash train --flag`` help (:mod:`rlstash.train.flags`)
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from rlstash.settings import setting as s
 
 STORAGES = ("ram", "disk", "tiered")
 COMPRESSIONS = ("none", "lz4", "zstd")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")  # characters a default run name does not keep
 
 
 @dataclass
@@ -113,8 +115,11 @@ class TrainConfig:
         None, "Stop once evaluations stay at or above this (default: the env's).", group="output"
     )
     patience: int = s(5, "Evaluations in a row at or above --threshold.", group="output")
-    checkpoint_every: int = s(
-        10_000, "Env steps between checkpoints (and one at the end).", group="output"
+    checkpoint_every: int | None = s(
+        None,
+        "Env steps between checkpoints, and one at the end (default: the env's preset, else "
+        "10000; Atari DQN: 50000, its 0.7 GB replay goes into each).",
+        group="output",
     )
     run_dir: str = s("runs", "Parent directory of runs.", group="output")
     name: str = s("", "Run name (default <algo>-<env>-s<seed>).", group="output")
@@ -123,7 +128,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        for name in ("steps", "envs", "checkpoint_every"):
+        for name in ("steps", "envs"):
             _at_least(self, name, 1)
         for name in RUN_DEFAULTS:
             if getattr(self, name) is not None:
@@ -152,6 +157,11 @@ class TrainConfig:
                 "threshold", "a finite return", self.threshold, "give a number, or leave it unset"
             )
         _one_of(self, "storage", STORAGES)
+        if self.name in (".", "..") or any(c in self.name for c in "/\\\0"):
+            raise SettingError(
+                "name", "one directory name (no '/', '\\', '.' or '..'; runs go under run_dir)",
+                self.name, "e.g. --name pong-lz4, or --run-dir for the parent directory",
+            )  # fmt: skip
         self._check_compression()
         from rlstash.train.algos import ALGOS
 
@@ -191,8 +201,11 @@ class TrainConfig:
 
     @property
     def run_name(self) -> str:
-        """The run's directory name under ``run_dir``."""
-        return self.name or f"{self.algo}-{self.env}-s{self.seed}"
+        """The run's directory name under ``run_dir``: ``name``, else
+        ``<algo>-<env>-s<seed>`` with every character of the env id but letters, digits,
+        ``.``, ``_`` and ``-`` written as ``-`` (``ALE/Pong-v5`` -> ``dqn-ALE-Pong-v5-s0``: one
+        directory, not ``dqn-ALE/`` holding ``Pong-v5-s0``)."""
+        return self.name or f"{self.algo}-{_UNSAFE.sub('-', self.env)}-s{self.seed}"
 
 
 def _at_least(cfg: TrainConfig, name: str, low: int) -> None:
@@ -217,5 +230,5 @@ LOOP_SETTINGS = (
 )
 """The loop settings whose default depends on the algorithm and the env (``None`` = preset)."""
 
-RUN_DEFAULTS = {"eval_every": 1000, "eval_episodes": 10}
+RUN_DEFAULTS = {"eval_every": 1000, "eval_episodes": 10, "checkpoint_every": 10_000}
 """Output settings an env's preset may set (``None`` = the preset's, else these)."""
