@@ -78,6 +78,14 @@ class ActorCritic(nn.Module):
         """V(s) [B] for preprocessed observations [B, *obs_shape] (float)."""
         return self.critic(obs).squeeze(-1)
 
+    def features_and_value(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(actor trunk features [B, d], V(s) [B]): a shared trunk (images) runs once for
+        both, as ``value_head(actor_trunk(s))`` is ``critic(s)`` then."""
+        feat = self.actor_trunk(obs)  # [B, d]
+        if self.shared_trunk:
+            return feat, self.value_head(feat).squeeze(-1)
+        return feat, self.value(obs)
+
     def init_ortho(self, policy_out: nn.Module | None) -> None:
         ortho_(self.actor_trunk, math.sqrt(2))
         ortho_(self.critic, math.sqrt(2))
@@ -123,6 +131,10 @@ class CategoricalActorCritic(ActorCritic):
     def embed(self, obs: torch.Tensor) -> torch.Tensor:
         """u [B, k]: the state embedding the head scores actions against."""
         return self.head.project(self.actor_trunk(obs))
+
+    def embed_features(self, feat: torch.Tensor) -> torch.Tensor:
+        """:meth:`embed` from the actor trunk's features [B, d] (see features_and_value)."""
+        return self.head.project(feat)
 
 
 class GaussianActorCritic(ActorCritic):
@@ -173,7 +185,13 @@ class GaussianActorCritic(ActorCritic):
         self, obs: torch.Tensor, action: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(log pi(action|s) [B], entropy [B]) for stored actions [B, act_dim]."""
-        mu, log_std = self.mean(obs), self.log_std
+        return self.log_prob_entropy_features(self.actor_trunk(obs), action)
+
+    def log_prob_entropy_features(
+        self, feat: torch.Tensor, action: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`log_prob_entropy` from the actor trunk's features [B, d]."""
+        mu, log_std = self.mu(feat), self.log_std  # [B, act_dim]
         if self.bound == "tanh":
             half = (self.high - self.low) / 2
             y = ((action - self.low) / half - 1).clamp(-1 + 1e-6, 1 - 1e-6)

@@ -230,10 +230,17 @@ class PPO(AgentBase):
         self, x: torch.Tensor, action: torch.Tensor, mask: ActionMask | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(log pi(action|s) [B], H(pi(.|s)) [B]) for preprocessed observations ``x``."""
+        return self._policy_terms(self.nets["policy"].actor_trunk(x), action, mask)
+
+    def _policy_terms(
+        self, feat: torch.Tensor, action: torch.Tensor, mask: ActionMask | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log pi(action|s) [B], H(pi(.|s)) [B]) from the actor trunk's features [B, d]."""
         net = self.nets["policy"]
         if self.n_actions is None:
-            return net.log_prob_entropy(x, action)
-        return log_prob_entropy(net.head, net.embed(x), action, self.config.action_chunk, mask)
+            return net.log_prob_entropy_features(feat, action)
+        u = net.embed_features(feat)  # [B, k]
+        return log_prob_entropy(net.head, u, action, self.config.action_chunk, mask)
 
     # --- learning --------------------------------------------------------------------------
 
@@ -315,9 +322,8 @@ class PPO(AgentBase):
             return t.mean() if w is None else (w * t).sum() / n_w
 
         mask = ActionMask(mb["action_mask"], self.n_actions) if "action_mask" in mb else None
-        x = mb["obs"]
-        logp, entropy = self.log_prob_entropy(x, mb["action"], mask)  # [B], [B]
-        value = net.value(x)  # [B]
+        feat, value = net.features_and_value(mb["obs"])  # [B, d], [B]: a shared CNN runs once
+        logp, entropy = self._policy_terms(feat, mb["action"], mask)  # [B], [B]
         adv = mb["advantages"]  # [B]
         if cfg.normalize_advantage and w is None:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)

@@ -340,3 +340,46 @@ def test_to_reseats_the_flat_parameters_and_keeps_adam_state():
     assert not torch.equal(before, agent.groups["policy"].flat.param)
     head = agent.nets["policy"].head.weight.reshape(-1)
     assert any(torch.equal(head, v.reshape(-1)) for v in agent.groups["policy"].flat.params)
+
+
+def test_image_policy_runs_its_shared_cnn_once_per_minibatch_with_the_same_loss():
+    """A shared Nature CNN gives the policy's features and V(s) in one forward per minibatch
+    (not one for each); loss and gradients equal the two-forward reference."""
+    cfg = PPOConfig(clip_range_vf=0.1, vf_coef=0.25, ent_coef=0.01)
+    agent = PPO((4, 84, 84), 4, config=cfg)
+    net = agent.nets["policy"]
+    _perturb(agent, scale=0.02)
+    g = torch.Generator().manual_seed(3)
+    B = 6
+    mb = {
+        "obs": torch.randint(0, 256, (B, 4, 84, 84), dtype=torch.uint8, generator=g),
+        "action": torch.randint(0, 4, (B,), generator=g),
+        "logp": -torch.rand(B, generator=g) - 1.0,
+        "advantages": torch.randn(B, generator=g),
+        "returns": torch.randn(B, generator=g),
+        "values": torch.randn(B, generator=g),
+    }
+    calls = []
+    hook = net.actor_trunk[0].register_forward_hook(lambda *_: calls.append(1))
+    try:
+        loss, stats = agent._loss(mb, 0.1)
+    finally:
+        hook.remove()
+    assert len(calls) == 1  # was 2: once in log_prob_entropy, once in value
+    params = [p for p in net.parameters() if p.requires_grad]
+    got = torch.autograd.grad(loss, params)
+
+    x, a = mb["obs"], mb["action"]  # the reference: policy and value each run the trunk
+    dist = torch.distributions.Categorical(logits=net.head(net.actor_trunk(x)))
+    ratio = torch.exp(dist.log_prob(a) - mb["logp"])
+    adv = (mb["advantages"] - mb["advantages"].mean()) / (mb["advantages"].std() + 1e-8)
+    pg = torch.max(-adv * ratio, -adv * ratio.clamp(0.9, 1.1)).mean()
+    v, old, ret = net.value(x), mb["values"], mb["returns"]
+    vc = old + (v - old).clamp(-0.1, 0.1)
+    v_loss = torch.max((v - ret) ** 2, (vc - ret) ** 2).mean()
+    ref = pg + 0.25 * v_loss - 0.01 * dist.entropy().mean()
+    want = torch.autograd.grad(ref, params)
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(stats[1], v_loss.detach(), rtol=1e-5, atol=1e-6)
+    for gw, ww in zip(got, want):
+        torch.testing.assert_close(gw, ww, rtol=1e-4, atol=1e-6)
