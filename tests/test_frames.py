@@ -384,3 +384,16 @@ def test_train_and_plan_take_the_same_compress_flags(flags):
     given = settings_from_args(cli.build_parser().parse_args(["train", *flags]), Given())
     assert given.config().compression() == planned
     assert (planned is None) == (flags[1] == "none")
+
+
+def test_an_index_entry_outside_the_arena_is_an_error_not_a_read_past_it():
+    T, N = 30, 2
+    frames = pong_like(T, N, seed=7)
+    _, packed = pair(FrameCompression("lz4", budget=1.0), N)
+    feed([packed], frames, np.zeros((T, N), bool), np.zeros((T, N), bool), 10, False)
+    arena = packed.backing.arenas["obs"]
+    arena.off[4] = arena.data.size - 2  # e.g. a state dict whose offsets do not fit
+    with pytest.raises(RuntimeError, match=r"index entry of slot 4 is corrupt"):
+        arena.gather(np.array([4]))
+    with pytest.raises(ValueError, match="out: expected a C-contiguous uint8 array"):
+        arena.gather(np.array([1, 2]), np.zeros((2, H, W * 2), np.uint8)[:, :, ::2])

@@ -233,6 +233,13 @@ class FrameArena:
         planned with numpy), each delta added (``uint8``, mod 256) to the frame before it.
         """
         shape = (*rows.shape, *self.shape)
+        if out is not None and not (
+            out.dtype == np.uint8 and out.flags.c_contiguous and out.size == rows.size * self.F
+        ):
+            raise ValueError(
+                f"out: expected a C-contiguous uint8 array of {rows.size} frames of {self.F} B, "
+                f"got {out.dtype} {out.shape} (contiguous: {out.flags.c_contiguous})"
+            )
         dst = None if out is None else out.reshape(-1, self.F)
         if self.comp.chain == 1:
             return self._keys(rows.reshape(-1), dst).reshape(shape)
@@ -307,8 +314,15 @@ class FrameArena:
             for q, part in zip(where, self._payloads(rows)):
                 dst[q * F : (q + 1) * F] = part
             return
-        base = out.ctypes.data
-        dsts = base + F * (np.arange(len(rows)) if at is None else at)
+        end = start + size
+        if len(rows) and (start.min() < 0 or end.max() > self.data.size or size.min() < 0):
+            bad = int(np.flatnonzero((start < 0) | (end > self.data.size) | (size < 0))[0])
+            raise RuntimeError(
+                f"FrameArena: the index entry of slot {int(rows[bad])} is corrupt (payload "
+                f"bytes {int(start[bad])}..{int(end[bad])} outside the arena's {self.data.size})"
+            )
+        assert out.flags.c_contiguous and out.dtype == np.uint8 and out.shape[1:] == (F,)
+        dsts = out.ctypes.data + F * (np.arange(len(rows)) if at is None else at)
         done = list(map(decode, (self._addr + start).tolist(), dsts.tolist(), size.tolist(),
                         repeat(F, len(rows))))  # fmt: skip
         if done.count(F) != len(done):
