@@ -161,7 +161,7 @@ def render(runs: dict[str, list[dict]], args: argparse.Namespace, info: dict) ->
 
     lines = ["# Atari DQN: where a training step's CPU time goes (issue 14)", "",
              "## Machine", "", *header_lines(info), "", "## Method", "",
-             " ".join((__doc__ or "").split("\n\n")[1].split()), "",
+             " ".join((__doc__ or "").split("\n\n")[2].split()), "",
              f"Command: `python3 bench/atari_profile.py --game {args.game} --steps {args.steps} "
              f"--warmup {args.warmup} --rounds {args.rounds}`", ""]  # fmt: skip
     ok = {v: [r for r in rs if "error" not in r] for v, rs in runs.items()}

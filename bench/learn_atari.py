@@ -33,7 +33,9 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -366,7 +368,9 @@ def write_report(results: dict) -> Path:
         f"Measured {m.get('date', '?')} on {m.get('cpus', '?')} CPU cores "
         f"({m.get('platform', '?')}), torch {m.get('torch', '?')}, SB3 {m.get('sb3', '?')}, "
         f"ale-py {m.get('ale_py', '?')}; one torch thread per run, runs interleaved "
-        "(rlstash, SB3 per game and seed), the machine shared with other jobs.",
+        "(rlstash, SB3 per game and seed"
+        + (", the two side by side" if cfg.get("parallel", 1) == 2 else "")
+        + "), the machine shared with other jobs.",
         "",
         f"**Budget: {cfg.get('budget', 0):,} agent steps ({4 * cfg.get('budget', 0):,} frames) "
         f"per run, seeds {cfg.get('seeds')}, evaluation every {cfg.get('eval_every', 0):,} "
@@ -387,7 +391,9 @@ def write_report(results: dict) -> Path:
         "Reproduce: `python3 bench/learn_atari.py --games "
         f"{','.join(cfg.get('games', []))} --seeds {cfg.get('seeds')} --budget "
         f"{cfg.get('budget')} --eval-every {cfg.get('eval_every')} --eval-episodes "
-        f"{cfg.get('episodes')}`",
+        f"{cfg.get('episodes')}"
+        + (f" --parallel {cfg['parallel']}" if cfg.get("parallel", 1) > 1 else "")
+        + "`",
         "",
     ]
     for note in results.get("notes", []):  # remarks on particular runs, kept with the results
@@ -428,9 +434,17 @@ def save(results: dict) -> None:
     tmp.replace(WORK / "learn_atari.json")
 
 
-def run(games: list[str], seeds: list[int], budget: int, eval_every: int, episodes: int) -> Path:
+def run(
+    games: list[str],
+    seeds: list[int],
+    budget: int,
+    eval_every: int,
+    episodes: int,
+    parallel: int = 1,
+) -> Path:
     """The whole part (also what bench/learn.py's ``atari`` part calls). Runs of other seeds
-    saved with the same budget and evaluation schedule are kept (seeds added run by run)."""
+    saved with the same budget and evaluation schedule are kept (seeds added run by run).
+    ``parallel`` runs at a time (each its own process, one torch thread)."""
     path = WORK / "learn_atari.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     same = {k: old.get("config", {}).get(k) for k in ("budget", "eval_every", "episodes")} == {
@@ -453,20 +467,26 @@ def run(games: list[str], seeds: list[int], budget: int, eval_every: int, episod
         "notes": old.get("notes", []) if same else [],
         "updates": spawn({"lib": "updates"}, timeout=3600),
     }
-    for seed in seeds:
-        for game in games:
-            part = results["games"].setdefault(game, {})
-            for lib in LIBS:
-                task = {"lib": lib, "env": f"ALE/{game}-v5", "seed": seed, "budget": budget,
-                        "eval_every": eval_every, "episodes": episodes}  # fmt: skip
-                start = time.time()
-                out = spawn(task, timeout=4 * 3600)
-                part.setdefault(lib, {})[str(seed)] = out
-                print(f"{game} {lib} seed {seed}: {out.get('error', '')} rate "
-                      f"{_rate(out)} curve {out.get('curve')} ({time.time() - start:.0f} s)",
-                      flush=True)  # fmt: skip
-                save(results)
-                write_report(results)
+    results["config"]["parallel"] = parallel
+    lock = threading.Lock()
+
+    def one(game: str, seed: int, lib: str) -> None:
+        task = {"lib": lib, "env": f"ALE/{game}-v5", "seed": seed, "budget": budget,
+                "eval_every": eval_every, "episodes": episodes}  # fmt: skip
+        start = time.time()
+        out = spawn(task, timeout=4 * 3600)
+        with lock:
+            results["games"].setdefault(game, {}).setdefault(lib, {})[str(seed)] = out
+            print(f"{game} {lib} seed {seed}: {out.get('error', '')} rate "
+                  f"{_rate(out)} curve {out.get('curve')} ({time.time() - start:.0f} s)",
+                  flush=True)  # fmt: skip
+            save(results)
+            write_report(results)
+
+    order = [(g, s, lib) for s in seeds for g in games for lib in LIBS]  # rlstash, SB3 in turn
+    with ThreadPoolExecutor(parallel) as pool:  # parallel 2: each rlstash run beside its SB3 run
+        for f in [pool.submit(one, *t) for t in order]:
+            f.result()
     return write_report(results)
 
 
@@ -478,6 +498,9 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=None, help="default: budget / 4")
     parser.add_argument("--eval-episodes", type=int, default=5)
     parser.add_argument("--here", action="store_true", help="run in this interpreter")
+    parser.add_argument(
+        "--parallel", type=int, default=1, help="runs at a time (2: rlstash beside SB3)"
+    )
     parser.add_argument("--updates", action="store_true", help="only the update-cost table")
     parser.add_argument("--report", action="store_true", help="only rewrite the report")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -502,7 +525,7 @@ def main() -> None:
     eval_every = args.eval_every or max(1, args.budget // 4)
     if eval_every % 4 or args.budget % eval_every:
         raise SystemExit("--eval-every: must divide --budget and be a multiple of 4 (train_freq)")
-    out = run(games, seeds, args.budget, eval_every, args.eval_episodes)
+    out = run(games, seeds, args.budget, eval_every, args.eval_episodes, args.parallel)
     print(f"wrote {out}")
 
 
