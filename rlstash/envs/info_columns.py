@@ -57,18 +57,19 @@ class InfoColumnWriter:
         types = tuple(type(v) for v in first.values())
         if not _ALLOWED.issuperset(types):
             return None
-        big = [c for c, t in enumerate(types) if t in _BIG_INTS]
-        table = []
+        flat: list[Any] = []  # row after row: one list and one conversion for the block
+        extend = flat.extend
         for _, info in infos:
             if tuple(info) != keys:
                 return None
-            values = list(info.values())
-            if tuple(map(type, values)) != types:
-                return None
-            if big and any(abs(values[c]) > _EXACT_INT for c in big):
-                return None
-            table.append(values)
-        self.rows[:, : len(keys)] = table
+            extend(info.values())
+        if tuple(map(type, flat)) != types * len(infos):
+            return None
+        k = len(keys)
+        big = [c for c, t in enumerate(types) if t in _BIG_INTS]
+        if big and any(abs(v) > _EXACT_INT for c in big for v in flat[c::k]):
+            return None
+        self.rows[:, :k] = np.array(flat, dtype=np.float64).reshape(len(infos), k)
         if self.schema == (keys, types):
             return SAME
         self.schema = (keys, types)
@@ -88,9 +89,14 @@ def read_schema(payload: bytes, known: Schema | None) -> Schema | None:
 def block_infos(info: np.ndarray, rows: slice, schema: Schema) -> dict[str, Any]:
     """``batch_infos`` of the block ``rows`` from the ``info`` array [N, MAX_COLUMNS]."""
     keys, dtypes = schema
-    n = rows.stop - rows.start
+    n, k = rows.stop - rows.start, len(keys)
+    masks = np.ones((k, n), dtype=np.bool_)  # one fresh array, a row per key
+    if dtypes.count(dtypes[0]) == k:  # one dtype (MuJoCo's floats): one copy for all keys
+        columns = info[rows, :k].T.astype(dtypes[0], order="C")
+    else:
+        columns = [info[rows, c].astype(dtype) for c, dtype in enumerate(dtypes)]
     out: dict[str, Any] = {}
-    for c, (key, dtype) in enumerate(zip(keys, dtypes)):
-        out[key] = info[rows, c].astype(dtype)
-        out[f"_{key}"] = np.ones(n, dtype=np.bool_)
+    for c, key in enumerate(keys):
+        out[key] = columns[c]
+        out[f"_{key}"] = masks[c]
     return out
