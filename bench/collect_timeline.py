@@ -59,6 +59,31 @@ def make(env_id: str, index: int, path: str, shape: tuple[int, int, int]) -> gym
     return TimedEnv(gym.make(env_id), index, path, shape)
 
 
+def raw_step_us(env_id: str, n: int, steps: int) -> float:
+    """Median microseconds per vector step of the one-process loop (actions sampled as for
+    the pool, observations and rewards written into arrays, ended envs reset)."""
+    envs = [gym.make(env_id) for _ in range(n)]
+    space = gym.vector.utils.batch_space(envs[0].action_space, n)
+    space.seed(0)
+    obs = np.zeros((n, *envs[0].observation_space.shape))
+    rewards = np.zeros(n)
+    for i, env in enumerate(envs):
+        env.reset(seed=i)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        actions = space.sample()
+        for j, env in enumerate(envs):
+            o, rewards[j], term, trunc, _ = env.step(actions[j])
+            obs[j] = o
+            if term or trunc:
+                env.reset()
+        times.append(time.perf_counter() - t0)
+    for env in envs:
+        env.close()
+    return float(np.median(times[min(50, steps // 4) :])) * 1e6
+
+
 def timeline(env_id: str, n: int, workers: int, steps: int, share: int = 0) -> dict[str, float]:
     """Median microseconds per step of each phase (see the module docstring)."""
     from rlstash.envs import ProcessPoolVectorEnv
@@ -106,7 +131,12 @@ def main() -> int:
     if args.steps < 20:
         p.error(f"--steps: expected >= 20 steps, got {args.steps}")
     load = os.getloadavg()[0]
+    raw = [raw_step_us(args.env, args.n, args.steps)]
     result = timeline(args.env, args.n, args.workers, args.steps, args.caller_envs)
+    raw.append(raw_step_us(args.env, args.n, args.steps))
+    step = result["return"] + result["between"]
+    result["pool step (return + between)"] = step
+    result["raw loop step (median of before/after)"] = raw_us = float(np.median(raw))
     lines = [
         f"# Step timeline: {args.env}, {args.n} envs, {args.workers} workers"
         + (f" + {args.caller_envs} envs in the caller" if args.caller_envs else ""),
@@ -118,6 +148,9 @@ def main() -> int:
         "| phase | us |",
         "| --- | ---: |",
         *[f"| {key} | {value:.0f} |" for key, value in result.items()],
+        "",
+        f"Pool vs raw loop: {raw_us / step:.2f}x (per-step medians; the pool's envs are wrapped "
+        "to record their step times, the raw loop's are not).",
         "",
     ]
     text = "\n".join(lines)
