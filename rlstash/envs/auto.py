@@ -69,7 +69,8 @@ def choose(
         where = "in-process (num_workers=0)"
     else:
         k = getattr(chosen, "caller_envs", 0)
-        where = f"{chosen.num_workers} worker processes" + (
+        w = chosen.num_workers
+        where = f"{w} worker process{'es' if w != 1 else ''}" + (
             f" + {k} envs in this process (caller_envs={k})" if k else ""
         )
     text = ", ".join(f"{k}: {v:,.0f} env steps/s" for k, v in timing.items())
