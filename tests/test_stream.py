@@ -409,16 +409,16 @@ def test_a_chunk_reads_its_flags_on_the_host_once_not_per_step(autoreset, monkey
     """A [T, N] chunk is one extend: its flags reach the host in one call (on a GPU one copy,
     the only device-to-host read of the write path), and the host reads of an extend do
     not grow with T."""
-    import rlstash.storage.stream as stream_mod
+    import rlstash.storage.stream_write as stream_mod
 
     flag_reads = []
-    real = stream_mod._host_flags
+    real = stream_mod.host_flags
 
     def counted(*args):
         flag_reads.append(args[2])  # T
         return real(*args)
 
-    monkeypatch.setattr(stream_mod, "_host_flags", counted)
+    monkeypatch.setattr(stream_mod, "host_flags", counted)
     reads = {}
     for T in (2, 16):
         store = make(3, 64, autoreset, n_step=2)

@@ -45,7 +45,8 @@ A ``[T, N]`` chunk is one write, not T: its ``terminated``/``truncated`` reach t
 (views on the CPU; one blocking device-to-host copy for both on a GPU, the write path's only
 host read), :class:`~rlstash.storage.lanes.Lanes` plans the T steps with row operations over
 the N lanes, and the slots are written in one call (one strided copy per field while the
-lanes move in lockstep, as next-step chunks keep them).
+lanes move in lockstep, as next-step chunks keep them). The write path lives in
+:mod:`rlstash.storage.stream_write`, the read path in :mod:`rlstash.storage.stream_read`.
 
 Episodes never get stitched: when envs are reset outside the stream (a collector reset, a
 restarted worker) call :meth:`StreamStorage.end_episodes`; after a load or a reopen the
@@ -71,17 +72,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlstash.atomic import write_atomic
 from rlstash.core import Index, Storage
 from rlstash.device import resolve_device
 from rlstash.indices import as_rows
 from rlstash.spec import Batch, Field, Spec
 from rlstash.storage import register_kind
+from rlstash.storage import stream_read as read_path
+from rlstash.storage import stream_write as write
 from rlstash.storage.frames import FrameBacking, FrameCompression, frame_fields, frame_plan_bytes
 from rlstash.storage.lanes import LANE_KEYS, TERM, TRUNC, WRITTEN, Lanes
-from rlstash.storage.ram import TensorStorage, as_spec, numpy_view
+from rlstash.storage.ram import TensorStorage, as_spec
+from rlstash.storage.stream_write import NPZ
 
-NPZ = "stream.npz"
 BOOKKEEPING_BYTES = 3  # per slot: flags, episode position (clipped), valid
 
 
@@ -146,13 +148,6 @@ def slot_spec(spec: Spec | Mapping, frame_stack: int = 1, stacked_input: bool = 
             f = Field(f.shape[1:], f.dtype)
         fields[name] = f
     return Spec(fields)
-
-
-RESTARTED = "restarted"  # optional extend field: the env's worker restarted during this step
-
-
-def _as_bool(value: Any) -> torch.Tensor:
-    return value if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value))
 
 
 class StreamStorage:
@@ -300,12 +295,12 @@ class StreamStorage:
                 self._cut[:] = True  # the envs of the open episodes are gone
                 for stale in path.glob(f".{NPZ}.*"):
                     stale.unlink(missing_ok=True)
-            _persist(store, self.lanes, path, self._margin, self._config())
+            write.persist(store, self.lanes, path, self._margin, self._config())
         except BaseException:
             store.close()
             raise
         self._finalizer = weakref.finalize(
-            self, _persist, store, self.lanes, path, 0, self._config()
+            self, write.persist, store, self.lanes, path, 0, self._config()
         )
         return store
 
@@ -420,14 +415,7 @@ class StreamStorage:
         Validated in full first (a bad batch writes nothing). Returns the slot indices written,
         in order (same-step autoreset also writes a final-obs slot per ended episode).
         """
-        self._check_open()
-        data, final, T = self._validate(batch)
-        if self._cut.any():  # after a resume or a load: new envs, new episodes
-            self.end_episodes(self._cut.copy())
-        restarted = data.pop(RESTARTED, None)
-        if restarted is not None and bool(restarted.any()):
-            return self._write_restarted(data, final, T, _host(restarted).reshape(T, -1))
-        return self._write_steps(data, final, T)
+        return write.extend(self, batch)
 
     def end_episodes(self, envs: Any = None, final_obs: Any = None) -> None:
         """End the current episode of the lanes ``envs`` (all by default; indices or a bool mask).
@@ -453,146 +441,17 @@ class StreamStorage:
                     f"got {len(fin[self.obs_keys[0]])}"
                 )
             plan = self.lanes.plan_finals(sel)
-            frames = self._frames(fin, np.flatnonzero(plan["keep"]))
+            frames = write.newest_frames(self, fin, np.flatnonzero(plan["keep"]))
             k = plan["rows"].size
             data = {
                 n: frames[n] if n in frames else torch.zeros((k, *f.shape), dtype=f.dtype)
                 for n, f in self.slot_spec.items()
             }
-            self._reserve(plan["lanes"], 1)
+            write.reserve(self, plan["lanes"], 1)
             self.backing.write(plan["rows"], data, validate=False)
             self.lanes.commit_finals(plan)
         self.lanes.end_episodes(sel)
         self._cut[sel] = False
-
-    def _reserve(self, lanes: np.ndarray, grow: Any) -> None:
-        """Disk: save the bookkeeping first when ``lanes`` would pass the slots it vouches for
-        (vouching for at least ``grow`` more)."""
-        lanes_, count = self.lanes, self.lanes.count[lanes]
-        if self._path is not None and (count + grow > lanes_.reserved[lanes]).any():
-            margin = max(self._margin, int(np.max(grow)))
-            _persist(self.backing, lanes_, self._path, margin, self._config())
-
-    def _validate(self, batch: Mapping[str, Any]) -> tuple[Batch, Batch | None, int]:
-        """The batch checked and flattened to ``[T * N, ...]`` (time-major): step fields,
-        final obs per obs field (same-step) or None, and ``T``."""
-        if not isinstance(batch, Mapping):
-            raise TypeError(
-                f"batch: expected a dict of field -> tensor, got {type(batch).__name__}"
-            )
-        finals = {"final_" + k: k for k in self.obs_keys}
-        finals_and_restarts = {**finals, RESTARTED: RESTARTED}
-        given = [k for k in batch if k in finals]
-        if self.autoreset == "next_step" and given:
-            raise ValueError(
-                f"batch: {given} given with autoreset='next_step', where the final obs arrives as "
-                "the next step's obs; drop it or use autoreset='same_step'"
-            )
-        if self.autoreset == "same_step" and len(given) != len(finals):
-            raise ValueError(
-                f"batch: autoreset='same_step' needs {sorted(finals)}, got {list(batch)}"
-            )
-        key = self.obs_keys[0]
-        head = _leading(batch.get(key), len(self.spec[key].shape), key)
-        if head[-1] != self.num_envs:
-            raise ValueError(
-                f"field {key!r}: expected leading dims [N={self.num_envs}] or "
-                f"[T, N={self.num_envs}], got {list(head)}"
-            )
-        data = self.spec.validate(
-            {k: _flat(k, v, head) for k, v in batch.items() if k not in finals_and_restarts}
-        )
-        if RESTARTED in batch:
-            r = _flat(RESTARTED, _as_bool(batch[RESTARTED]), head)
-            if r.dtype != torch.bool or tuple(r.shape) != (len(data[key]),):
-                raise ValueError(
-                    f"field {RESTARTED!r}: expected bool with leading dims {list(head)}, "
-                    f"got {r.dtype} {list(r.shape)}"
-                )
-            data[RESTARTED] = r
-        final = None
-        if given:
-            fspec = Spec({f: self.spec[k] for f, k in finals.items()})
-            got = fspec.validate({f: _flat(f, batch[f], head) for f in finals})
-            final = {k: got[f] for f, k in finals.items()}
-        return data, final, len(data[key]) // self.num_envs
-
-    def _frames(self, step: Mapping[str, torch.Tensor], rows: np.ndarray | None = None) -> Batch:
-        """The stored frame of each obs field: the newest one of a stacked obs."""
-        out = {}
-        for k in self.obs_keys:
-            v = step[k] if rows is None else step[k][torch.from_numpy(rows)]
-            out[k] = v[:, -1] if self.stacked_input else v
-        return out
-
-    def _write_steps(self, data: Batch, final: Batch | None, T: int) -> np.ndarray:
-        """Store ``T`` steps (fields ``[T * N, ...]``, time-major) in chunks that grow no lane
-        by more than its ``L`` slots (so no slot is written twice in one chunk)."""
-        N, per = self.num_envs, self.lane_capacity // (1 if final is None else 2)
-        if T <= per:
-            return self._write_chunk(data, final, T)
-        written = []
-        for a in range(0, T, per):
-            b = min(T, a + per)
-            part = {k: v[a * N : b * N] for k, v in data.items()}
-            fin = None if final is None else {k: v[a * N : b * N] for k, v in final.items()}
-            written.append(self._write_chunk(part, fin, b - a))
-        return np.concatenate(written)
-
-    def _write_chunk(self, data: Batch, final: Batch | None, T: int) -> np.ndarray:
-        """One chunk: its flags reach the host once (one copy off the CPU), the lanes plan
-        all ``T`` steps at once, the step slots are one write and the final-obs slots
-        (same-step) another; returns the slots in the order the steps wrote them."""
-        if T == 0:
-            return np.zeros(0, np.int64)
-        N, lanes = self.num_envs, self.lanes
-        term, trunc = _host_flags(data["terminated"], data["truncated"], T, N)
-        plan = lanes.plan(term, trunc, final is not None)
-        frames = self._frames(data)
-        self._reserve(np.arange(N), plan["grow"])
-        step = {n: frames.get(n, data.get(n)) for n in self.slot_spec}
-        at = plan["ended"]
-        fins = None
-        if at.size:  # same_step: the final obs of each ended episode follows its step
-            fin = self._frames(final, at)
-            zeros = {
-                n: data[n].new_zeros((at.size, *data[n].shape[1:]))
-                for n in self.slot_spec
-                if n not in fin
-            }
-            fins = {n: fin.get(n, zeros.get(n)) for n in self.slot_spec}
-        rows = plan["rows"].reshape(-1)
-        if fins is not None and self.compression is not None:  # frames go in lane order
-            rows = np.concatenate([rows, plan["fin_rows"]])
-            step = {n: torch.cat([step[n], fins[n]]) for n in self.slot_spec}
-            fins = None
-        if plan["cols"] is not None and isinstance(self.backing, TensorStorage):
-            self.backing.write_lanes(N, int(plan["cols"][0]), step)  # lanes in lockstep
-        else:
-            self.backing.write(rows, step, validate=False)
-        if fins is not None:
-            self.backing.write(plan["fin_rows"], fins, validate=False)
-        lanes.commit(plan)
-        return lanes.written_order(plan)
-
-    def _write_restarted(
-        self, data: Batch, final: Batch | None, T: int, restarted: np.ndarray
-    ) -> np.ndarray:
-        """Steps from a pool whose workers restarted (``restarted`` [T, N] on the host): one
-        step at a time, each followed by undoing the restarted envs' step."""
-        N, written = self.num_envs, []
-        for t in range(T):
-            step = {k: v[t * N : (t + 1) * N] for k, v in data.items()}
-            fin = None if final is None else {k: v[t * N : (t + 1) * N] for k, v in final.items()}
-            written.append(self._write_chunk(step, fin, 1))
-            sel = np.flatnonzero(restarted[t])
-            if sel.size:
-                done = _host(step["terminated"] | step["truncated"])[sel]
-                # same-step mode wrote a final-obs slot after the ended step: look one further back
-                back = 2 if final is not None else 1
-                self.lanes.drop_restarted(sel[done], back)
-                self.lanes.drop_restarted(sel[~done], 1)
-        return np.concatenate(written)
 
     # ------------------------------------------------------------------ reading
     def read(self, index: Index, out: Batch | None = None) -> Batch:
@@ -614,106 +473,13 @@ class StreamStorage:
             )
         if out is not None and any(k not in out for k in self.sample_spec):
             raise ValueError(f"out: missing fields {[k for k in self.sample_spec if k not in out]}")
-        return self._rebuild(idx, out)
+        return read_path.rebuild(self, idx, out)
 
     def gather(self, index: np.ndarray) -> Batch:
         """:meth:`read` of starts a built-in sampler just drew from ``valid`` (an int64 array
         [B]), without re-checking them: the replay buffer's hot path, under its lock."""
         self._check_open()
-        return self._rebuild(index, None)
-
-    def _rebuild(self, idx: np.ndarray, out: Batch | None) -> Batch:
-        flat = idx.reshape(-1)
-        n, gamma = self.reads.n_step, float(self.reads.gamma)
-        steps, m, last, nxt = self.lanes.nstep(flat)
-        # 1-step reads of frame stacks: next_obs's frames are obs's shifted by one slot, so one
-        # gather of k + 1 frames per row serves both (obs and next_obs are views of it)
-        shared = out is None and n == 1 and self.lanes.k > 1 and self.lanes.shifts_by_one(flat, nxt)
-        req: dict[str, np.ndarray] = {}
-        for k in self.slot_spec:
-            if k in self.obs_keys and shared:
-                req[k] = np.concatenate([self.lanes.frame_rows(flat), nxt[:, None]], axis=1)
-            elif k in self.obs_keys:
-                req[k], req["next_" + k] = self.lanes.frame_rows(flat), self.lanes.frame_rows(nxt)
-            else:
-                req[k] = steps if k == "reward" and n > 1 else flat
-        got = self._gather(req, out)
-        if shared:
-            for k in self.obs_keys:
-                win = got[k]  # [P, k + 1, *frame]
-                got[k], got["next_" + k] = win[:, :-1], win[:, 1:]
-        if n > 1:
-            w = np.where(np.arange(n) < m[:, None], gamma ** np.arange(n), 0.0)  # [P, n]
-            r = got["reward"].reshape(w.shape)  # [P, n]
-            acc = torch.float64 if r.dtype == torch.float64 else torch.float32
-            r = torch.where(self._dev(w > 0), r.to(acc), 0.0)  # steps past m may be stale
-            got["reward"] = (r * self._dev(w).to(acc)).sum(1)
-        got["reward"] = got["reward"].to(self.spec["reward"].dtype)
-        got["terminated"] = self._dev((last & TERM) != 0)
-        got["truncated"] = self._dev((last & TRUNC) != 0)
-        got["done"] = got["terminated"] | got["truncated"]
-        got["discount"] = self._dev((gamma**m).astype(np.float32))
-        if idx.ndim == 1:
-            res = got
-        else:
-            res = {k: v.reshape(*idx.shape, *v.shape[1:]) for k, v in got.items()}
-        if out is None:
-            return res
-        for k, v in res.items():
-            if out[k].data_ptr() != v.data_ptr():
-                out[k].copy_(v)
-        return out
-
-    def _gather(self, req: Mapping[str, np.ndarray], out: Batch | None) -> Batch:
-        """Gather the rows ``req[name]`` of each stored field (``next_x`` reads field ``x``);
-        obs frames go straight into ``out`` when it fits."""
-        tensors = getattr(self.backing, "tensors", None)
-        res: Batch = {}
-        arenas = self.backing.arenas if self.compression else {}
-        if not tensors:  # e.g. a TieredStorage: one read of every row needed
-            flat = np.concatenate([r.reshape(-1) for r in req.values()])
-            uniq, inv = np.unique(flat, return_inverse=True)
-            rows, at = self.backing.read(uniq), 0
-            for name, r in req.items():
-                src = rows[name.removeprefix("next_")]
-                sel = torch.from_numpy(inv[at : at + r.size]).to(src.device)
-                res[name] = src.index_select(0, sel).reshape(*r.shape, *src.shape[1:])
-                at += r.size
-            return res
-        order = getattr(self.backing, "order", None)  # a GPU backing: after its writes (I4)
-        if order is not None:
-            order.before_read()
-        for name, r in req.items():
-            field = name.removeprefix("next_")
-            if field in arenas:  # compressed frames: decoded here
-                dst = None if out is None else out.get(name)
-                res[name] = self.backing.gather_frames(field, r, dst)
-                continue
-            t = tensors[field]
-            dst = _out_for(out, name, r.size, t) if field in self.obs_keys else None
-            if t.device.type == "cpu":
-                a = numpy_view(t)
-                o = None if dst is None else numpy_view(dst).reshape(r.size, *a.shape[1:])
-                idx = r.reshape(-1)
-                if idx.size and (idx.min() < 0 or idx.max() >= len(a)):
-                    raise IndexError(
-                        f"{name}: slots outside [0, {len(a)}): {idx.min()}..{idx.max()}"
-                    )
-                # mode="clip" after that check: numpy buffers ``out`` for mode="raise" (~3x slower)
-                v = torch.from_numpy(np.take(a, idx, axis=0, out=o, mode="clip"))
-                v = v.view(t.dtype) if v.dtype != t.dtype else v
-            else:
-                sel = torch.from_numpy(r.reshape(-1)).to(t.device)
-                o = None if dst is None else dst.view(r.size, *t.shape[1:])
-                v = t.index_select(0, sel) if o is None else torch.index_select(t, 0, sel, out=o)
-            res[name] = v.reshape(*r.shape, *t.shape[1:])
-        if order is not None:
-            order.after_read()
-        return res
-
-    def _dev(self, a: np.ndarray) -> torch.Tensor:
-        t = torch.from_numpy(np.ascontiguousarray(a))
-        return t if self.device.type == "cpu" else t.to(self.device)
+        return read_path.rebuild(self, index, None)
 
     # ------------------------------------------------------------------ state and lifecycle
     def state_dict(self) -> dict[str, Any]:
@@ -778,7 +544,7 @@ class StreamStorage:
         """Disk: sync the data, then save the bookkeeping atomically (``stream.npz``)."""
         self._check_open()
         if self._path is not None:
-            _persist(self.backing, self.lanes, self._path, self._margin, self._config())
+            write.persist(self.backing, self.lanes, self._path, self._margin, self._config())
         elif hasattr(self.backing, "flush"):
             self.backing.flush()
 
@@ -826,71 +592,9 @@ def _tiered_factory(
     return make
 
 
-def _persist(store: Any, lanes: Lanes, path: Path, margin: int, config: dict[str, Any]) -> None:
-    """Sync the data pages, then save the bookkeeping atomically (:func:`write_atomic`),
-    vouching for ``margin`` more slots per lane."""
-    try:
-        store.flush()  # msync: data reach the disk before the bookkeeping that counts them
-    except RuntimeError:
-        if not getattr(store, "_closed", False):
-            raise  # a closed MemmapStorage flushed itself when it closed
-    lanes.reserved[:] = lanes.count + margin
-    arrays = lanes.arrays()
-    write_atomic(path / NPZ, lambda f: np.savez(f, config=np.array(json.dumps(config)), **arrays))
-
-
 def _bookkeeping_bytes(num_envs: int, slots: int) -> int:
     """Host bytes of the lanes (:meth:`Lanes.plan_bytes`) plus the storage's ``_cut`` mask."""
     return Lanes.plan_bytes(num_envs, slots // num_envs) + num_envs
-
-
-def _leading(value: Any, ndim: int, name: str) -> tuple[int, ...]:
-    """The leading dims (``(N,)`` or ``(T, N)``) of the first obs field."""
-    if value is None:
-        raise ValueError(f"batch: field {name!r} is missing")
-    shape = tuple(value.shape) if hasattr(value, "shape") else np.shape(value)
-    if len(shape) not in (ndim + 1, ndim + 2):
-        raise ValueError(
-            f"field {name!r}: expected [N, ...] or [T, N, ...] with {ndim} dims per row, "
-            f"got shape {list(shape)}"
-        )
-    return shape[: len(shape) - ndim]
-
-
-def _flat(name: str, value: Any, head: tuple[int, ...]) -> Any:
-    """``[T, N, ...]`` -> ``[T * N, ...]`` (checked against the obs field's leading dims)."""
-    if len(head) == 1:
-        return value
-    if not isinstance(value, (torch.Tensor, np.ndarray)):
-        value = np.asarray(value)
-    if tuple(value.shape[:2]) != head:
-        raise ValueError(
-            f"field {name!r}: expected leading dims {list(head)}, got {list(value.shape)}"
-        )
-    return value.reshape(head[0] * head[1], *value.shape[2:])
-
-
-def _out_for(out: Batch | None, name: str, rows: int, t: torch.Tensor) -> torch.Tensor | None:
-    """``out[name]`` when a gather can fill it in place (contiguous, same dtype and device)."""
-    dst = None if out is None else out.get(name)
-    if dst is None or dst.dtype != t.dtype or dst.device != t.device or not dst.is_contiguous():
-        return None
-    return dst if dst.numel() == rows * t[0].numel() else None
-
-
-def _host(t: torch.Tensor) -> np.ndarray:
-    return (t if t.device.type == "cpu" else t.to("cpu")).numpy()
-
-
-def _host_flags(
-    term: torch.Tensor, trunc: torch.Tensor, T: int, N: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """``terminated``/``truncated`` ``[T * N]`` as host bool arrays ``[T, N]``: views on the
-    CPU; elsewhere one blocking device-to-host copy of both (complete when it returns)."""
-    if term.device.type == "cpu":
-        return term.numpy().reshape(T, N), trunc.numpy().reshape(T, N)
-    both = torch.stack((term, trunc)).to("cpu").numpy()
-    return both[0].reshape(T, N), both[1].reshape(T, N)
 
 
 def transition_step(spec: Spec | Mapping, frame_stack: int) -> tuple[Spec, int, bool]:
