@@ -196,21 +196,22 @@ class EpisodeLog:
         allocation costs more than the arithmetic); finished episodes in step order."""
         ret, length = self.carry
         out_r, out_l = [], []
+        live = np.ones(reward.shape[1], bool)
         for t in range(reward.shape[0]):
-            if next_step:
-                live = ~self.after_done
+            if next_step:  # the step after an end is a reset step: no episode's
+                np.logical_not(self.after_done, out=live)
                 ret += reward[t] * live
-                length += live
-                ended = done[t] & live
-                self.after_done = ended
+                np.add(length, live, out=length)
+                np.logical_and(done[t], live, out=self.after_done)
+                ended = self.after_done
             else:
                 ret += reward[t]
                 length += 1
                 ended = done[t]
-            if ended.any():
-                i = np.flatnonzero(ended)
-                out_r.append(ret[i].copy())
-                out_l.append(length[i].copy())
+            i = np.flatnonzero(ended)
+            if i.size:
+                out_r.append(ret[i])
+                out_l.append(length[i])
                 ret[i], length[i] = 0, 0
         if out_r:
             self.pending.append(

@@ -32,7 +32,7 @@ class Lanes:
         self.base = np.arange(num_envs, dtype=np.int64) * L  # first row of each lane
         self.count = np.zeros(num_envs, np.int64)  # slots ever written to the lane
         self.floor = np.zeros(num_envs, np.int64)  # oldest slot number that may be alive
-        self.next_ep = np.zeros(num_envs, np.int64)  # episode position of the next slot
+        self.next_ep = np.zeros(num_envs, np.int64)  # episode position of the next slot (k > 1)
         self.pending = np.zeros(num_envs, bool)  # next_step: the next obs is a final obs
         self.reserved = np.zeros(num_envs, np.int64)  # disk: slot numbers vouched for
         self.flags = np.zeros(num_envs * L, np.uint8)  # WRITTEN | START | TERM | TRUNC
@@ -98,9 +98,7 @@ class Lanes:
         plan: dict[str, Any] = dict(
             bits=bits, ep=ep[:T], pending=pending, ended=np.zeros(0, np.int64), cols=None
         )
-        # next_ep: T - 1 - (the last cut step), or next_ep + T where no step was cut
-        last = np.where(cut, np.arange(T, dtype=np.int32)[:, None], -1).max(0)  # [N]
-        plan["next_ep"] = np.where(last >= 0, T - 1 - last, self.next_ep + T)
+        plan["next_ep"] = self._next_ep(cut)
         if not same_step:
             plan["grow"] = np.full(N, T, np.int64)
             if (start == start[0]).all():
@@ -120,6 +118,16 @@ class Lanes:
         plan["fin_rows"] = self.base[at % N] + (off.reshape(-1)[at] + 1) % L
         plan["fin_ep"] = np.minimum(ep[:T].reshape(-1)[at] + 1, self.k - 1).astype(np.uint8)
         return plan
+
+    def _next_ep(self, cut: np.ndarray) -> np.ndarray:
+        """``next_ep`` after a chunk with cuts ``cut`` [T, N]: T - 1 - (the last cut step), or
+        next_ep + T where no step was cut. With k == 1 every position is clipped to 0, so
+        it is not tracked (stays 0)."""
+        if self.k == 1:
+            return self.next_ep
+        T = cut.shape[0]
+        last = np.where(cut, np.arange(T, dtype=np.int32)[:, None], -1).max(0)  # [N]
+        return np.where(last >= 0, T - 1 - last, self.next_ep + T)
 
     def _positions(self, cut: np.ndarray) -> np.ndarray:
         """Episode positions (clipped to k - 1) of the T + 1 slots from ``next_ep`` on, where
