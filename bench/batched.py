@@ -13,7 +13,8 @@ Runs in the project's ``.venv`` (gymnasium is a dependency; no peers to install)
    64 pre-drawn action vectors per env, cycled: the policy's cost is not in this number),
    next-step autoreset on both, timed interleaved (``common.interleaved``), medians.
 2. Collector overhead at 4096 envs (and a bound: the env plus only the copies the contract
-   requires, step outputs into the batch and the batch into lanes, no bookkeeping): steps/s of the collector loop (a random policy that
+   requires, step outputs into the batch and the batch into lanes, no bookkeeping; and a layout
+   bound: one copy per step into slot-major rows, a layout the stream does not have): steps/s of the collector loop (a random policy that
    picks one of 64 pre-drawn action vectors on the env's device + env step + batch
    assembly + episode statistics + ``extend``, 16 steps per batch) as a fraction of the
    env's own step rate (section 1's loop), interleaved; ``extend`` of each [16, N] batch
@@ -122,6 +123,7 @@ def collector_runs(n: int, device: str, steps: int = 16) -> dict[str, common.Run
 
         runs[name] = run
     runs["bound: env + the two copies"] = copy_bound(n, device, steps)
+    runs["layout bound: env + one copy into slot-major rows"] = slot_major_bound(n, device, steps)
     return runs
 
 
@@ -160,6 +162,42 @@ def copy_bound(n: int, device: str, steps: int) -> common.Run:
                 tr[t].copy_(trunc)
             flat = {f: out[f].reshape(n * steps, *out[f].shape[2:]) for f in slots}
             lanes.write_lanes(n, cursor[0] % 64, flat)
+            cursor[0] = (cursor[0] + steps) % 64
+        sync()
+
+    return run
+
+
+def slot_major_bound(n: int, device: str, steps: int) -> common.Run:
+    """run(k): the env stepped with the bank's actions, each step's outputs copied once,
+    straight into rows ``pos * N + e`` of a ring (the N envs' slots of one step contiguous).
+    Not a layout rlstash has: StreamStorage keeps each env's slots contiguous (rows ``e * L +
+    pos``), so every step's write there is strided over N lanes. What the copies would cost if
+    the stream were stored slot-major; flags go to a [steps, N] buffer; no bookkeeping."""
+    env = gym.make_vec(
+        "rlstash/CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point", device=device
+    )
+    obs, _ = env.reset(seed=0)
+    bank = torch.from_numpy(np.random.default_rng(1).integers(0, 2, (BANK, n))).to(device)
+    slots = {"obs": Field((4,), torch.float32), "action": Field((), torch.int64),
+             "reward": Field((), torch.float32)}  # fmt: skip
+    ring = TensorStorage(slots, n * 64, device)
+    rows = {k: t.view(64, n, *t.shape[1:]) for k, t in ring.tensors.items()}  # [pos, N, ...]
+    cursor, state = [0], [obs]
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def run(k: int) -> None:
+        for _ in range(k):
+            flags = torch.empty((2, steps, n), dtype=torch.bool, device=device)
+            for t in range(steps):
+                pos = (cursor[0] + t) % 64
+                a = bank[(cursor[0] + t) % BANK]
+                rows["obs"][pos].copy_(state[0])
+                rows["action"][pos].copy_(a)
+                state[0], r, term, trunc, _ = env.step(a)
+                rows["reward"][pos].copy_(r)
+                flags[0, t].copy_(term)
+                flags[1, t].copy_(trunc)
             cursor[0] = (cursor[0] + steps) % 64
         sync()
 

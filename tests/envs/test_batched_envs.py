@@ -206,12 +206,16 @@ def test_reset_pool_gives_the_states_of_the_hash_at_every_counter():
 
 def test_numpy_path_equals_the_torch_path_over_many_resets(monkeypatch):
     """Hundreds of resets per env (pool refills), a masked reset and a reseed: the CPU path's
-    episodes equal the torch path's, which hashes each reset on the spot."""
+    episodes, with the reset pool (up to POOL_MAX_ENVS envs) and without it (hashed on the
+    spot, beyond), equal the torch path's, which hashes each reset on the spot."""
     runs = []
-    for torch_path in (False, True):
-        if torch_path:
+    for path in ("numpy + pool", "numpy, no pool", "torch"):
+        if path == "numpy, no pool":
+            monkeypatch.setattr(core, "POOL_MAX_ENVS", 4)  # 8 envs: more than the limit
+        if path == "torch":
             monkeypatch.setattr(core, "ops_for", lambda device: TorchOps(device))
         env = CartPoleVectorEnv(num_envs=8, dtype=torch.float64)
+        assert (env._pool is not None) == (path == "numpy + pool")
         out = [env.reset(seed=5)[0].clone()]
         left = torch.zeros(8, dtype=torch.int64)  # episodes of ~10 steps
         for t in range(400):
@@ -222,8 +226,9 @@ def test_numpy_path_equals_the_torch_path_over_many_resets(monkeypatch):
                 out.append(env.reset(seed=11)[0].clone())
             out += [x.clone() for x in env.step(left)[:4]]
         runs.append(out)
-    for x, y in zip(*runs):
-        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
+    for other in runs[1:]:
+        for x, y in zip(runs[0], other):
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
 
 
 def test_per_env_seeding_is_independent_of_batch_size_and_other_envs():
