@@ -654,3 +654,32 @@ def test_write_lanes_moves_bit_patterns_unchanged():
         want = vals.view(np.uint32).reshape(2, 4, width).transpose(1, 0, 2)
         np.testing.assert_array_equal(got[:, 3], want[:, 0])  # lane position 3, then 0
         np.testing.assert_array_equal(got[:, 0], want[:, 1])
+
+
+def test_put_rows_equals_a_fancy_assignment_bit_for_bit():
+    """put_rows (rows moved as one numpy void each) writes what ``arr[index] = src`` writes:
+    NaN payloads, -0.0 and denormals bit for bit, rows of 1..24 bytes and bool/uint8/int64
+    rows, duplicate indices (the last row wins), and a source of another dtype (a cast, by
+    the plain assignment)."""
+    from rlstash.storage.ram import put_rows
+
+    rng = np.random.default_rng(0)
+    bits = np.array([0x7FC00001, 0x7F800001, 0x80000000, 0x00000001, 0xFF812345, 7], np.uint32)
+    cases = [np.resize(bits, 40 * w).view(np.float32).reshape(40, w) for w in (1, 2, 3, 4, 6)]
+    cases += [rng.random((40, 5)) < 0.5, rng.integers(0, 255, (40, 3, 7), dtype=np.uint8)]
+    cases += [rng.integers(-(2**62), 2**62, (40, 2))]
+    for vals in cases:
+        index = rng.integers(0, 64, 40)  # duplicates: the last row wins
+        with np.errstate(invalid="ignore"):  # float64 copies of signalling NaNs
+            wide = vals.astype(np.float64) if vals.dtype == np.float32 else vals
+        for src in (vals, wide):
+            got = np.zeros((64, *vals.shape[1:]), vals.dtype)
+            want = got.copy()
+            put_rows(got, index, src)
+            with np.errstate(invalid="ignore"):
+                want[index] = src
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    arr = np.zeros((8, 2), np.float32)  # a slice index: the plain assignment
+    put_rows(arr, slice(2, 4), np.ones((2, 2), np.float32))
+    put_rows(arr, np.zeros(0, np.int64), np.ones((0, 2), np.float32))  # no rows
+    assert arr.sum() == 4

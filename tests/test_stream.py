@@ -275,6 +275,32 @@ def test_property_every_valid_start_equals_the_naive_transition(case):
     assert store.size == sum(min(len(log), L) for log in sim.log)
 
 
+@pytest.mark.parametrize("n_step,k", [(1, 1), (3, 2)])
+def test_same_step_chunks_of_many_lanes_equal_the_step_by_step_stream(n_step, k):
+    """Same-step chunks (the GPU simulators' mode: lanes drift apart, every ended step is
+    followed by its final-obs slot, so the rows are scattered, not a strided block) over 64
+    lanes that wrap their ring and are split (16 steps > L // 2): the slots, data, validity
+    and transitions equal a stream fed one step at a time and the naive buffer."""
+    n, L, T, gamma = 64, 24, 16, 0.9
+    store = make(n, L, "same_step", n_step, gamma, k)
+    steps = make(n, L, "same_step", n_step, gamma, k)
+    sim = VecSim(n, k, "same_step", False)
+    rng = np.random.default_rng(3)
+    for _ in range(6):
+        codes = rng.choice([0] * 8 + [1, 2], size=(T, n)).tolist()
+        batches = [sim.step(c) for c in codes]
+        got = store.extend({key: torch.from_numpy(v) for key, v in chunk_of(batches).items()})
+        want = np.concatenate([steps.extend(b) for b in batches])
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(store.valid, steps.valid)
+    assert len(set((store.lanes.count % L).tolist())) > 1  # the lanes drifted apart
+    np.testing.assert_array_equal(store.lanes.flags, steps.lanes.flags)
+    for key, v in store.backing.tensors.items():
+        torch.testing.assert_close(v, steps.backing.tensors[key], msg=key)
+    np.testing.assert_array_equal(store.valid, sim.brute_valid(L, n_step, k))
+    check_against_naive(store, sim, n_step, gamma)
+
+
 # ---------------------------------------------------------------------------- table-driven
 def test_nstep_table_one_env():
     """Trajectory in, transitions out (Acme style): episode 1 terminates at t=2, episode 2

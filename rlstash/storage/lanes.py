@@ -18,6 +18,13 @@ DONE = TERM | TRUNC
 LANE_KEYS = ("count", "floor", "next_ep", "pending", "reserved", "flags", "ep")
 
 
+def _wrap(p: np.ndarray, L: int) -> np.ndarray:
+    """``p % L`` in place for ``0 <= p < 2L`` (one conditional subtraction: numpy's integer
+    ``%`` divides every element, ~4x slower on a chunk's [T, N] positions)."""
+    np.subtract(p, L, out=p, where=p >= L)
+    return p
+
+
 class Lanes:
     """Ring bookkeeping of ``num_envs`` lanes of ``L`` slots, all in small numpy arrays.
 
@@ -105,7 +112,7 @@ class Lanes:
                 plan["cols"] = (start[0] + np.arange(T)) % L
                 plan["rows"] = self.base + plan["cols"][:, None]
             else:
-                plan["rows"] = self.base + (start + np.arange(T)[:, None]) % L
+                plan["rows"] = self.base + _wrap(start + np.arange(T)[:, None], L)  # T <= L
             return plan
         off = np.empty((T, N), np.int64)  # lane position of each step's obs slot (unwrapped)
         off[0] = start
@@ -113,9 +120,10 @@ class Lanes:
             np.add(off[t - 1], 1, out=off[t])
             off[t] += done[t - 1]  # the final-obs slot of the step before
         plan["grow"] = off[T - 1] - start + 1 + done[T - 1]
-        plan["rows"] = self.base + off % L
         at = plan["ended"] = np.flatnonzero(done)
-        plan["fin_rows"] = self.base[at % N] + (off.reshape(-1)[at] + 1) % L
+        fin = off.reshape(-1)[at] + 1  # off[t] + 1 < start + 2T <= start + L: below 2L
+        plan["rows"] = self.base + _wrap(off, L)
+        plan["fin_rows"] = self.base[at % N] + _wrap(fin, L)
         plan["fin_ep"] = np.minimum(ep[:T].reshape(-1)[at] + 1, self.k - 1).astype(np.uint8)
         return plan
 
@@ -216,7 +224,7 @@ class Lanes:
             win: Any = (slice(None), slice(c0, c0 + W))
             fl, ep, valid = (a.reshape(-1, L)[win] for a in (self.flags, self.ep, self.valid))
         else:
-            pos = (c0 + np.arange(W)) % L if lockstep else (start[:, None] + np.arange(W)) % L
+            pos = _wrap((c0 if lockstep else start[:, None]) + np.arange(W), L)  # W <= L
             win = self.base[lanes][:, None] + pos  # [S, W] rows
             fl, ep, valid = self.flags[win], None, self.valid
         ok = (fl & START) != 0
