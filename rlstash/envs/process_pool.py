@@ -45,11 +45,14 @@ How it works and what else it does:
 * ``num_workers=0`` steps the envs in this process. ``caller_envs=k``: the last k envs step
   in this process during ``step_wait`` (as with ``num_workers=0``) while the workers step the
   others, so the caller's core works instead of waiting (:mod:`rlstash.envs.caller_share`;
-  on 2 cores ``num_workers=1, caller_envs=n // 2`` beats 2 workers for MuJoCo envs). An
-  env of the caller's share that raises is handled as a worker that raised (the share is
-  rebuilt, reported as worker ``num_workers``); a hang there cannot be cut short.
+  on 2 idle cores ``num_workers=1, caller_envs=n // 2`` beat 2 workers and in-process for
+  CartPole, Pendulum, HalfCheetah and a 200 us env, ``bench/results/collect_timeline.md``;
+  on cores busy with other work it loses). An env of the caller's share that raises is
+  handled as a worker that raised (the share is rebuilt, reported as worker
+  ``num_workers``); a hang or a segfault there cannot be contained, as in-process.
   ``"auto"`` times in-process, W workers and W-1 workers + the caller's share of n // W envs
-  (W: the usable cores) and keeps the fastest.
+  (W: the usable cores) and keeps the fastest; it may so give up the isolation of the
+  envs it puts in this process (its warning says what it chose).
 * Observations are returned as copies unless ``pool.copy = False`` (then they are views of
   shared memory, valid until the next ``step``/``reset``).
 * The shared segment is an anonymous ``memfd`` (named ``rlstash_<pid>_pool`` in
