@@ -160,7 +160,7 @@ def test_max_restarts_0_reraises_the_envs_exception():
 def test_caller_timeout_after_the_callers_share_ran(tmp_path):
     """A worker that hangs makes step_wait(timeout) raise TimeoutError; the caller's share
     has stepped (its rows hold the new step) and nothing restarts."""
-    hang = functools.partial(HangEnv, 2, 30.0, str(tmp_path / "once"))
+    hang = functools.partial(HangEnv, 2, 2.0, str(tmp_path / "once"))  # close waits for it
     fns = [hang, CountEnv, CountEnv]
     with ProcessPoolVectorEnv(fns, num_workers=1, caller_envs=2, seed=0) as pool:
         pool.reset()
