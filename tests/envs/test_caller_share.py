@@ -216,3 +216,39 @@ def test_num_workers_none_leaves_the_callers_core():
 
     with ProcessPoolVectorEnv(CountEnv, 8, caller_envs=2) as pool:
         assert pool.num_workers == max(1, min(usable_cpus() - 1, 6))
+
+
+CTRL_C = """
+import sys, numpy as np
+from rlstash.envs import ProcessPoolVectorEnv
+pool = ProcessPoolVectorEnv("CartPole-v1", 8, num_workers=2, caller_envs=4, seed=0)
+pool.reset()
+actions = np.zeros(8, dtype=np.int64)
+print("PIDS", " ".join(map(str, pool.worker_pids)), flush=True)
+while True:
+    pool.step(actions)
+"""
+
+
+def test_ctrl_c_while_the_caller_steps_its_share_ends_everything():
+    """Ctrl-C to the process group lands in the caller's own env steps as often as in the
+    wait for the workers: the workers end, nothing leaks, no warning."""
+    import signal
+    import time
+
+    from tests.envs.helpers import finish, kill_tree, marked_processes, start_script, wait_for_line
+
+    proc = start_script(CTRL_C)
+    try:
+        pids = [int(p) for p in wait_for_line(proc, "PIDS").split()[1:]]
+        workers = [p.pid for p in marked_processes(proc.pid)]
+        assert set(pids) <= set(workers) and len(pids) == 2
+        time.sleep(0.3)  # stepping
+        os.killpg(proc.pid, signal.SIGINT)
+        stderr = finish(proc)
+    finally:
+        kill_tree(proc)
+    assert "KeyboardInterrupt" in stderr
+    assert wait_gone(workers) == [] and marked_processes(proc.pid) == []
+    for word in ("leaked", "resource_tracker", "ResourceWarning", "Exception ignored"):
+        assert word not in stderr, stderr
