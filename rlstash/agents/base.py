@@ -390,8 +390,8 @@ class AgentBase:
         self._check_algo(state)
         for name, net in self.nets.items():
             net.load_state_dict(state["nets"][name])
-        for name, opt in self.optims.items():  # torch keeps the given tensors: copy them
-            opt.load_state_dict(copy.deepcopy(state["optims"][name]))
+        for name, group in self.groups.items():  # older per-parameter states are converted
+            group.load_state_dict(state["optims"][name], f"state['optims'][{name!r}]")
         self._steps = {}  # new optimizer state tensors: graphs capture them anew
         self.updates = int(state["counters"]["updates"])
         self.env_steps = int(state["counters"]["env_steps"])
@@ -411,12 +411,12 @@ class AgentBase:
         not transfer across device types)."""
         device = resolve_device(device, "device", allow_none=False)
         act_device = resolve_device(act_device, "act_device") or device
-        optim_states = {name: opt.state_dict() for name, opt in self.optims.items()}
+        optim_states = {name: group.state_dict() for name, group in self.groups.items()}
         for net in self.nets.values():
             net.to(device)
         self._build_groups()  # a move breaks the flat vectors' sharing: re-seat them
-        for name, opt in self.optims.items():
-            opt.load_state_dict(optim_states[name])  # casts state to the params' new device
+        for name, group in self.groups.items():
+            group.load_state_dict(optim_states[name])  # casts state to the params' new device
         if device != self.device:
             seed = int(torch.randint(0, 2**62, (1,), generator=self.learn_gen, device=self.device))
             self.learn_gen = make_generator(device, seed)

@@ -27,6 +27,7 @@ and the eager path see the same optimizer whichever path ran.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -91,10 +92,74 @@ class FlatAdam:
         )  # fmt: skip
         return norm if max_grad_norm is not None else torch.zeros_like(norm)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's state dict (one parameter: the flat vector)."""
+        return self.opt.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any], name: str = "optims") -> None:
+        """Load an optimizer state: this format (one flat parameter), or the per-parameter one
+        of ``torch.optim.Adam`` over the same modules' parameters (checkpoints written before
+        the flat vector: each moment is flattened and concatenated in parameter order; the
+        step count is the largest one; parameters without state start at zero)."""
+        state = flat_adam_state(state, self.flat.params, name)
+        self.opt.load_state_dict(copy.deepcopy(state))  # torch keeps the given tensors: copy
+        param = self.flat.param
+        current = self.opt.state.get(param, {})
+        if not all(key in current for key in ("step", "exp_avg", "exp_avg_sq")):  # no step yet
+            self.opt.state[param] = {
+                "step": torch.zeros((), dtype=torch.float32, device=param.device),
+                "exp_avg": torch.zeros_like(param),
+                "exp_avg_sq": torch.zeros_like(param),
+            }
+
     def state_tensors(self) -> list[torch.Tensor]:
         """Every tensor the step mutates (parameters and Adam state): a graph's static memory."""
         state = self.opt.state[self.flat.param]
         return [self.flat.param, state["exp_avg"], state["exp_avg_sq"], state["step"]]
+
+
+def flat_adam_state(
+    state: Mapping[str, Any], params: Sequence[torch.Tensor], name: str
+) -> dict[str, Any]:
+    """An Adam state dict over the flat vector of ``params`` (see :meth:`FlatAdam.
+    load_state_dict`): returned as given when it already has one parameter of that size, else
+    converted from the per-parameter layout. ValueError (naming ``name``) when neither fits."""
+    total = sum(p.numel() for p in params)
+    groups = state.get("param_groups") if isinstance(state, Mapping) else None
+    if not isinstance(groups, list) or not groups or "state" not in state:
+        raise ValueError(f"{name}: expected a torch.optim.Adam state dict, got {type(state)}")
+    ids = [i for group in groups for i in group["params"]]
+    per_param = state["state"]
+    moments = [per_param.get(i, {}).get("exp_avg") for i in ids]
+    if len(ids) == 1 and (moments[0] is None or moments[0].shape == (total,)):
+        return dict(state)  # the flat format (or an optimizer that never stepped)
+    if len(ids) != len(params):
+        raise ValueError(
+            f"{name}: the optimizer state holds {len(ids)} parameters, this agent's group "
+            f"{len(params)} (flat: 1); the checkpoint is of a different network layout"
+        )
+    exp_avg, exp_avg_sq, steps = [], [], []
+    for i, p in zip(ids, params):
+        entry = per_param.get(i, {})
+        for key, out in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+            value = entry.get(key)
+            if value is not None and value.numel() != p.numel():
+                raise ValueError(
+                    f"{name}: parameter {i}'s {key} has {value.numel()} values, the network's "
+                    f"parameter {p.numel()}; the checkpoint is of a different network layout"
+                )
+            flat = value.reshape(-1) if value is not None else torch.zeros(p.numel())
+            out.append(flat.to(device=p.device, dtype=p.dtype))
+        if "step" in entry:
+            steps.append(float(entry["step"]))
+    device = params[0].device
+    flat_state = {
+        "step": torch.tensor(max(steps, default=0.0), dtype=torch.float32, device=device),
+        "exp_avg": torch.cat(exp_avg),
+        "exp_avg_sq": torch.cat(exp_avg_sq),
+    }
+    group = {k: v for k, v in groups[0].items() if k != "params"}
+    return {"state": {0: flat_state}, "param_groups": [{**group, "params": [0]}]}
 
 
 @torch.no_grad()

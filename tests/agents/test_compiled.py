@@ -30,26 +30,6 @@ from tests.agents.test_ppo import _rollout
 B, SMALL = 16, (8, 8)
 
 
-@pytest.fixture
-def no_cuda(monkeypatch):
-    """The CUDA tripwire stays on, but ``torch.cuda.is_available`` and ``device_count`` answer
-    "none": Dynamo asks them on compiling (to save the CUDA RNG state, to register device
-    interfaces); the queries initialize nothing."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    # Dynamo cannot trace the tripwire's Python wrappers of torch.zeros & co (it refuses the
-    # builtin they call): the originals come back here (the eager tests keep the wrappers)
-    for name in ("empty", "zeros", "ones", "full", "empty_like", "zeros_like", "tensor"):
-        monkeypatch.setattr(
-            torch, name, getattr(getattr(torch, name), "__wrapped__", getattr(torch, name))
-        )
-
-
-@pytest.fixture
-def aot_eager(monkeypatch, no_cuda):
-    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
-
-
 def _discrete(seed: int, n: int, masks: bool) -> dict:
     g = torch.Generator().manual_seed(seed)
     batch = {
