@@ -333,8 +333,15 @@ class AgentBase:
         step = self._steps.get(name)
         if step is None:
             device = device if device is not None else self.device
-            step = self._steps[name] = compiled.compiled_step(fn, device, self.compile_timer)
+            step = self._steps[name] = compiled.compiled_step(
+                fn, device, self.compile_timer, self._compile_key
+            )
         return step
+
+    def _compile_key(self) -> tuple:
+        """What a compiled step reads as constants besides its inputs: the settings (a change
+        means new guards, i.e. a recompilation, not a stale graph)."""
+        return tuple(vars(self.config).values())
 
     def _act_step(self, rows: int, fn: Any) -> Any:
         """The exploration step ``fn`` compiled and captured (one graph per batch size) when

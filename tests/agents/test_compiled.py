@@ -270,3 +270,21 @@ def test_train_with_compile_flag_says_once_how_long_compiling_took(
     lines = [line for line in out.splitlines() if line.startswith("compiled the update in")]
     assert len(lines) == 1, out
     assert float(lines[0].split()[4]) > 0
+
+
+def test_skipping_guards_never_replays_a_stale_graph(aot_eager):
+    """Calls with inputs seen before skip Dynamo's guards; a changed setting (read by the step
+    as a constant) or a new batch layout still goes through them and gets its own graph."""
+    make, batch_of = AGENTS["sac"]
+    eager, comp = make(False), make(True)
+    comp.load_state_dict(eager.state_dict())
+    for i in range(3):
+        eager.update(batch_of(i))
+        comp.update(batch_of(i))
+    eager.config.gamma = comp.config.gamma = 0.5  # a constant inside the compiled step
+    unweighted = {k: v for k, v in batch_of(3).items() if k != "weight"}  # another layout
+    for batch in (batch_of(4), unweighted, batch_of(5), unweighted):
+        out_e, out_c = eager.update(dict(batch)), comp.update(dict(batch))
+        torch.testing.assert_close(out_c["td_error"], out_e["td_error"], atol=1e-5, rtol=1e-4)
+    assert_same_agents(eager, comp)
+    assert len(comp._steps["update"].seen) == 3
