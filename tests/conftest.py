@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import functools
 import gc
+import os
 import shutil
 import signal
 import subprocess
 
 import pytest
 import torch
+
+# Agents default to compile="auto": compiling once their eager updates took 60 s. The suite
+# (and the trainers its tests start: they inherit this) never compiles by surprise; tests of
+# the rule and of compiled updates set it themselves.
+os.environ["RLSTASH_COMPILE_AFTER"] = "inf"
 
 
 class CudaTripped(AssertionError):

@@ -46,6 +46,8 @@ import contextlib
 import copy
 import dataclasses
 import math
+import os
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -137,6 +139,7 @@ def check_common(config: Any) -> None:
     """Validation shared by every agent config (SettingError, a ValueError or TypeError, naming
     the field): each field's type (:func:`rlstash.settings.check_types`), then the ranges."""
     check_types(config)
+    check_compile(config)
     check_positive(config, "learning_rate")
     if hasattr(config, "total_steps"):
         check_positive(config, "total_steps")
@@ -247,11 +250,37 @@ def read_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-COMPILE_DEFAULT = False
+COMPILE_DEFAULT: bool | str = "auto"
+COMPILE_AFTER_S = 60.0  # compile="auto": seconds of eager updates before compiling
+COMPILE_AFTER_ENV = "RLSTASH_COMPILE_AFTER"  # overrides COMPILE_AFTER_S ("inf": never)
 COMPILE_HELP = (
-    "torch.compile the whole update (forward, backward, Adam, targets) into one step; "
-    "on CUDA also a CUDA graph. Costs a compilation on the first updates (reported)."
+    "torch.compile the whole update (forward, backward, Adam, targets) into one step; on CUDA "
+    "also a CUDA graph, with the exploration step. true: from the first update; false: never; "
+    "auto: once the run's eager updates have taken 60 s (env RLSTASH_COMPILE_AFTER), so a run "
+    "too short to repay a compilation (~5-60 s) never compiles and a long one loses at most "
+    "about that. The compile time is reported."
 )
+
+
+def check_compile(config: Any) -> None:
+    """``config.compile``: true, false or 'auto' (SettingError naming the field)."""
+    if not isinstance(config.compile, bool) and config.compile != "auto":
+        raise SettingError("compile", "true, false or 'auto'", config.compile, "e.g. compile=auto")
+
+
+def compile_after_s() -> float:
+    """Seconds of eager updates after which ``compile='auto'`` compiles (``COMPILE_AFTER_S``,
+    or the ``RLSTASH_COMPILE_AFTER`` environment variable: a number of seconds, or 'inf')."""
+    text = os.environ.get(COMPILE_AFTER_ENV, "").strip()
+    if not text:
+        return COMPILE_AFTER_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:
+        raise SettingError(COMPILE_AFTER_ENV, "seconds >= 0 or 'inf'", text, "e.g. 60")
+    return value
 
 
 def flat_adam(agent: Any, *names: str, lr: float, eps: float = 1e-8) -> Any:
@@ -292,6 +321,8 @@ class AgentBase:
         self.act_device = resolve_device(act_device, "act_device") or self.device
         self.seed = int(seed)
         self.updates = 0  # gradient steps taken
+        self.eager_update_s = 0.0  # wall seconds of eager updates (compile="auto" counts them)
+        self.compile_after_s = compile_after_s()
         self.env_steps = 0  # env steps acted (non-deterministic act calls), drives epsilon
         self.learn_gen = make_generator(self.device, self.seed)
         self.act_gen = make_generator(self.act_device, self.seed + 1)
@@ -343,11 +374,26 @@ class AgentBase:
         means new guards, i.e. a recompilation, not a stale graph)."""
         return tuple(vars(self.config).values())
 
+    def _compile_now(self) -> bool:
+        """Whether this update runs compiled: ``config.compile`` true, or 'auto' once the eager
+        updates have taken ``compile_after_s`` seconds (module ``COMPILE_HELP``)."""
+        mode = self.config.compile
+        if mode == "auto":
+            return self.eager_update_s >= self.compile_after_s
+        return bool(mode)
+
+    @contextlib.contextmanager
+    def _eager_timed(self) -> Iterator[None]:
+        """Time an eager update (its host wall time: on CUDA, until its kernels are queued)."""
+        start = time.perf_counter()
+        yield
+        self.eager_update_s += time.perf_counter() - start
+
     def _act_step(self, rows: int, fn: Any) -> Any:
         """The exploration step ``fn`` compiled and captured (one graph per batch size) when
         ``config.compile`` and ``act_device`` is CUDA, where launches dominate acting; None
         (act eagerly) elsewhere."""
-        if not (self.config.compile and self.act_device.type in compiled.GRAPH_DEVICES):
+        if not (self.act_device.type in compiled.GRAPH_DEVICES and self._compile_now()):
             return None
         return self._compiled(f"act-{rows}", fn, self.act_device)
 
@@ -386,7 +432,11 @@ class AgentBase:
             "config": self.config.to_dict(),
             "nets": {name: net.state_dict() for name, net in self.nets.items()},
             "optims": {name: opt.state_dict() for name, opt in self.optims.items()},
-            "counters": {"updates": self.updates, "env_steps": self.env_steps},
+            "counters": {
+                "updates": self.updates,
+                "env_steps": self.env_steps,
+                "eager_update_s": self.eager_update_s,
+            },
             "rng": {
                 "learn": (self.device.type, self.learn_gen.get_state()),
                 "act": (self.act_device.type, self.act_gen.get_state()),
@@ -402,6 +452,7 @@ class AgentBase:
         self._steps = {}  # new optimizer state tensors: graphs capture them anew
         self.updates = int(state["counters"]["updates"])
         self.env_steps = int(state["counters"]["env_steps"])
+        self.eager_update_s = float(state["counters"].get("eager_update_s", 0.0))
         for key, gen, dev in (
             ("learn", self.learn_gen, self.device),
             ("act", self.act_gen, self.act_device),

@@ -58,7 +58,7 @@ class DQNConfig(ConfigMixin):
     action_chunk: int = hp(8192, "Actions scored per chunk; extra memory O(batch * chunk).")
     history_hidden: int = hp(0, "LSTM width over (k, obs_dim) windows; 0 = no LSTM.")
     seed: int = hp(0, "Seed of network init and the agent's torch generators.")
-    compile: bool = hp(COMPILE_DEFAULT, COMPILE_HELP)
+    compile: bool | str = hp(COMPILE_DEFAULT, COMPILE_HELP)
 
     def __post_init__(self) -> None:
         self.net_arch = tuple(self.net_arch)
@@ -183,17 +183,22 @@ class DQN(AgentBase):
             self.groups["q"].set_lr(self.learning_rate)
         self.updates += 1
         due = self.updates % cfg.target_update_interval == 0
-        if cfg.compile:
+        if self._compile_now():
             self.tau_now.fill_(cfg.tau if due else 0.0)  # the step's Polyak weight
             out = self._compiled("update", self._step)(batch)
         else:
-            y = self.td_target(batch)  # [B]
-            loss, q = self._loss(batch, y)
-            grad_norm = self.groups["q"].step(loss, cfg.max_grad_norm)
-            if due:
-                polyak_update(self.nets["q_target"], self.nets["q"], cfg.tau)
-            out = self._metrics(loss, q, y, grad_norm)
+            with self._eager_timed():
+                out = self._eager(batch, due)
         return {**out, "epsilon": self.epsilon, "learning_rate": self.learning_rate}
+
+    def _eager(self, batch: Batch, due: bool) -> dict[str, Any]:
+        """The update with autograd and the eager optimizer (``due``: move the target)."""
+        y = self.td_target(batch)  # [B]
+        loss, q = self._loss(batch, y)
+        grad_norm = self.groups["q"].step(loss, self.config.max_grad_norm)
+        if due:
+            polyak_update(self.nets["q_target"], self.nets["q"], self.config.tau)
+        return self._metrics(loss, q, y, grad_norm)
 
     def _loss(self, batch: Batch, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(L, Q(s, a) [B]) for the targets y [B]."""

@@ -39,6 +39,7 @@ from rlstash.agents.base import (
     COMPILE_HELP,
     AgentBase,
     ConfigMixin,
+    check_compile,
     check_positive,
     flat_adam,
     hp,
@@ -110,13 +111,14 @@ class PPOConfig(ConfigMixin):
     adam_eps: float = hp(1e-5, "Adam epsilon.")
     total_steps: int = hp(1_000_000, "Env steps of the run (the annealing horizon).")
     seed: int = hp(0, "Seed of the network init and of the policy's sampling.")
-    compile: bool = hp(COMPILE_DEFAULT, COMPILE_HELP)
+    compile: bool | str = hp(COMPILE_DEFAULT, COMPILE_HELP)
 
     PRESETS = PRESETS
 
     def __post_init__(self) -> None:
         self.net_arch = tuple(self.net_arch)
         check_types(self)
+        check_compile(self)
         check_positive(
             self, "learning_rate", "num_envs", "rollout_steps", "minibatch_size", "n_epochs"
         )
@@ -296,11 +298,12 @@ class PPO(AgentBase):
             names.append("valid")
         mb = {name: data[name] if idx is None else data[name][idx] for name in names}
         self.updates += 1
-        if self.config.compile:
+        if self._compile_now():
             return self._compiled(f"minibatch-{mb['obs'].shape[0]}", self._step)(mb, self.clip_now)
-        loss, stats = self._loss(mb, clip)
-        norm = self.groups["policy"].step(loss, self.config.max_grad_norm)
-        return torch.stack([*stats, norm]).detach()
+        with self._eager_timed():
+            loss, stats = self._loss(mb, clip)
+            norm = self.groups["policy"].step(loss, self.config.max_grad_norm)
+            return torch.stack([*stats, norm]).detach()
 
     def _step(self, mb: dict[str, torch.Tensor], clip: torch.Tensor) -> torch.Tensor:
         """:meth:`_loss`, its gradient by ``torch.func`` and Adam in place, as one function of

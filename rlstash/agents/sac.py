@@ -49,7 +49,7 @@ class SACBaseConfig(ConfigMixin):
         (256, 256), "MLP hidden widths of actor and critics (unused after the Nature CNN)."
     )
     seed: int = hp(0, "Seed of network init and the agent's torch generators.")
-    compile: bool = hp(COMPILE_DEFAULT, COMPILE_HELP)
+    compile: bool | str = hp(COMPILE_DEFAULT, COMPILE_HELP)
 
     def __post_init__(self) -> None:
         self.net_arch = tuple(self.net_arch)
@@ -267,12 +267,13 @@ class SAC(AgentBase):
         eps = torch.randn((2 * bsz, self.act_dim), generator=self.learn_gen, device=self.device)
         self.updates += 1
         due = self.updates % cfg.target_update_interval == 0
-        if cfg.compile:
+        if self._compile_now():
             self.tau_now.fill_(cfg.tau if due else 0.0)  # the step's Polyak weight
             return self._compiled("update", self._step)(batch, action, eps)
-        out = self._eager(batch, action, eps)
-        if due:
-            polyak_update(self.nets["critic_target"], self.nets["critic"], cfg.tau)
+        with self._eager_timed():
+            out = self._eager(batch, action, eps)
+            if due:
+                polyak_update(self.nets["critic_target"], self.nets["critic"], cfg.tau)
         return out
 
     def _eager(self, batch: Batch, action: torch.Tensor, eps: torch.Tensor) -> dict[str, Any]:

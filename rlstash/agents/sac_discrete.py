@@ -158,16 +158,22 @@ class DiscreteSAC(AgentBase):
     def update(self, batch: Batch) -> dict[str, Any]:
         """One step on J(Q), then J(pi), then J(alpha) (module docstring), then Polyak targets.
         With ``config.compile`` one compiled step (:meth:`_step`)."""
-        cfg, nets, groups, n = self.config, self.nets, self.groups, self.n_actions
+        cfg, n = self.config, self.n_actions
         check_batch(
             batch, obs_shape=self.obs_shape, device=self.device, n_actions=n,
             values=self._values_due(),
         )  # fmt: skip
         self.updates += 1
         due = self.updates % cfg.target_update_interval == 0
-        if cfg.compile:
+        if self._compile_now():
             self.tau_now.fill_(cfg.tau if due else 0.0)  # the step's Polyak weight
             return self._compiled("update", self._step)(batch)
+        with self._eager_timed():
+            return self._eager(batch, due)
+
+    def _eager(self, batch: Batch, due: bool) -> dict[str, Any]:
+        """The update with autograd and the eager optimizers (``due``: move the targets)."""
+        cfg, nets, groups, n = self.config, self.nets, self.groups, self.n_actions
         alpha = nets["alpha"]().detach()  # [] on the device (no host read)
         y = self.td_target(batch, alpha)  # [B]
         critic_loss, (q1, q2) = self._critic_loss(batch, y)

@@ -63,7 +63,7 @@ class TD3Config(ConfigMixin):
         (400, 300), "MLP hidden widths of actor and critics (unused after the Nature CNN)."
     )
     seed: int = hp(0, "Seed of network init and the agent's torch generators.")
-    compile: bool = hp(COMPILE_DEFAULT, COMPILE_HELP)
+    compile: bool | str = hp(COMPILE_DEFAULT, COMPILE_HELP)
 
     def __post_init__(self) -> None:
         self.net_arch = tuple(self.net_arch)
@@ -164,7 +164,7 @@ class TD3(AgentBase):
         """One critic step; every ``policy_delay``-th update also the actor and the targets.
         With ``config.compile`` each is one compiled step (:meth:`_critic_step`,
         :meth:`_actor_step`)."""
-        cfg, groups = self.config, self.groups
+        cfg = self.config
         check_batch(batch, obs_shape=self.obs_shape, device=self.device, act_dim=self.act_dim)
         action = (batch["action"] - self.center.to(self.device)) / self.scale.to(self.device)
         noise = cfg.target_policy_noise * torch.randn(
@@ -172,12 +172,21 @@ class TD3(AgentBase):
         )  # [B, A]: the target smoothing noise, drawn outside any graph
         self.updates += 1
         actor_due = self.updates % cfg.policy_delay == 0
-        if cfg.compile:
+        if self._compile_now():
             out = self._compiled("critic", self._critic_step)(batch, action, noise)
             if actor_due:
                 self.tau_now.fill_(cfg.tau)
                 self._actor_metrics = self._compiled("actor", self._actor_step)(batch)
             return {**out, **self._actor_metrics}
+        with self._eager_timed():
+            return self._eager(batch, action, noise, actor_due)
+
+    def _eager(
+        self, batch: Batch, action: torch.Tensor, noise: torch.Tensor, actor_due: bool
+    ) -> dict[str, Any]:
+        """The update with autograd and the eager optimizers (``actor_due``: the delayed actor
+        step and the targets' update too)."""
+        cfg, groups = self.config, self.groups
         y = self.td_target(batch, noise)  # [B]
         critic_loss, q = twin_critic_loss(self.nets["critic"], batch, action, y, 1.0)
         critic_norm = groups["critic"].step(critic_loss, cfg.max_grad_norm)

@@ -97,7 +97,16 @@ def setting_type(name: str) -> Any:
 
 
 def _add(group: Any, name: str, tp: Any, help: str, dest: str) -> None:
-    if tp is bool:
+    if tp == bool | str:  # true / false / a word ('auto'): --flag, --flag WORD, --no-flag
+        group.add_argument(
+            flag(name), dest=dest, nargs="?", const=True, default=argparse.SUPPRESS,
+            metavar="true|false|auto", help=help,
+        )  # fmt: skip
+        group.add_argument(
+            "--no-" + flag(name)[2:], dest=dest, action="store_const", const=False,
+            default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+        )  # fmt: skip
+    elif tp is bool:
         group.add_argument(
             flag(name), dest=dest, action=argparse.BooleanOptionalAction,
             default=argparse.SUPPRESS, help=help,

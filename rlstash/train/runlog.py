@@ -90,15 +90,13 @@ class RunLog:
         self._compile_seen: float | None = 0.0  # None once said
 
     def note_compile(self, seconds: float, final: bool = False) -> None:
-        """Say once how long compiling the agent's update took (``compile=True``): at the first
+        """Say once how long compiling the agent's update took (``compile``): at the first
         call that finds ``seconds`` > 0 and no longer growing (every step compiled; TD3's actor
         step and PPO's last minibatch size compile a little later), or at the ``final`` call."""
         if self._compile_seen is None or seconds <= 0:
             return
         if final or seconds == self._compile_seen:
-            self.info(
-                f"compiled the update in {seconds:.1f} s (compile=True; part of the training time)"
-            )
+            self.info(f"compiled the update in {seconds:.1f} s (part of the training time)")
             self._compile_seen = None
         else:
             self._compile_seen = seconds
