@@ -5,7 +5,6 @@ to repay a compilation never compiles; true compiles from the first update, fals
 from __future__ import annotations
 
 import pytest
-import torch
 
 from rlstash.agents.base import COMPILE_AFTER_S, SettingError, compile_after_s
 from rlstash.agents.sac import SACConfig
