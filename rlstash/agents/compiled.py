@@ -281,7 +281,7 @@ class CompiledStep:
 
     def __init__(self, fn: Callable, timer: list[float], key: Callable[[], Any] = tuple):
         self.fn = torch.compile(
-            fn, backend=BACKEND, dynamic=False, fullgraph=True
+            own_code(fn), backend=BACKEND, dynamic=False, fullgraph=True
         )  # a graph break is an error
         self.timer, self.key = timer, key
         self.seen: set[Any] = set()
@@ -308,6 +308,19 @@ class CompiledStep:
 
 
 SKIP_GUARDS = True  # (a switch for A/B measurements)
+
+
+def own_code(fn: Callable) -> Callable:
+    """``fn`` called through a function with a code object of its own. Dynamo keeps compiled
+    graphs per code object, up to a recompile limit (8; over it ``fullgraph`` fails): without
+    this, every agent of a process (a sweep, a test suite) would add its graphs to the same
+    ``SAC._step``; with it each step has its own few, freed with the step."""
+
+    def call(*args: Any) -> Any:
+        return fn(*args)
+
+    call.__code__ = call.__code__.replace()  # a copy: a distinct code object
+    return call
 
 
 def _describe(x: Any) -> Any:

@@ -288,3 +288,15 @@ def test_skipping_guards_never_replays_a_stale_graph(aot_eager):
         torch.testing.assert_close(out_c["td_error"], out_e["td_error"], atol=1e-5, rtol=1e-4)
     assert_same_agents(eager, comp)
     assert len(comp._steps["update"].seen) == 3
+
+
+def test_each_agent_compiles_its_own_steps(aot_eager, monkeypatch):
+    """Dynamo keeps graphs per code object up to a recompile limit (over it, fullgraph fails):
+    the agents of one process (a sweep, this suite) must not pile theirs onto DQN._step."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    make, batch_of = AGENTS["dqn"]
+    for gamma in (0.9, 0.8, 0.7):  # a constant of the step: three different graphs
+        agent = make(True)
+        agent.config.gamma = gamma
+        agent.update(batch_of(0))
+        assert agent.compile_seconds > 0
