@@ -198,9 +198,10 @@ def chunked_logsumexp(
     return softmax_stats(logit_fn, n, chunk, mask).lse
 
 
-def _gumbel(
+def gumbel_noise(
     shape: tuple[int, ...], generator: torch.Generator, device: torch.device
 ) -> torch.Tensor:
+    """G = -log(-log U), U ~ Uniform(0, 1) from ``generator``: standard Gumbel noise."""
     u = torch.rand(shape, generator=generator, device=device).clamp_min_(1e-20)
     return -torch.log(-torch.log(u))
 
@@ -211,7 +212,7 @@ def gumbel_scores(logit_fn: ScoreFn, generator: torch.Generator) -> ScoreFn:
 
     def noisy(start: int, stop: int) -> torch.Tensor:
         logits = logit_fn(start, stop)  # [B, c]
-        return logits + _gumbel(tuple(logits.shape), generator, logits.device)
+        return logits + gumbel_noise(tuple(logits.shape), generator, logits.device)
 
     return noisy
 

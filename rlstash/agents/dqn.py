@@ -142,16 +142,30 @@ class DQN(AgentBase):
         )
         mask = self._prepare_mask(mask, n, rows)
         with torch.no_grad():
-            q = self.actor["q"]
-            best, greedy = chunked_argmax(q.head.score_fn(q.embed(obs)), n, chunk, mask)  # [N]
-            if mask is not None:  # unmasked rows always have an action (no host read)
-                self._check_available(best)
-            if deterministic:
-                return greedy
+            if deterministic or mask is not None:
+                q = self.actor["q"]
+                best, greedy = chunked_argmax(q.head.score_fn(q.embed(obs)), n, chunk, mask)  # [N]
+                if mask is not None:  # unmasked rows always have an action (no host read)
+                    self._check_available(best)
+                if deterministic:
+                    return greedy
+            # the draws come first (the network draws nothing: the same stream either way)
             explore = torch.rand(rows, generator=self.act_gen, device=dev) < self.epsilon  # [N]
             random = sample_uniform(rows, n, chunk, self.act_gen, dev, mask)  # [N]
             self.env_steps += rows
-            return torch.where(explore, random, greedy)
+            if mask is not None:
+                return torch.where(explore, random, greedy)
+            graphed = self._act_step(rows, self._explore)
+            return (graphed if graphed is not None else self._explore)(obs, explore, random)
+
+    def _explore(
+        self, obs: torch.Tensor, explore: torch.Tensor, random: torch.Tensor
+    ) -> torch.Tensor:
+        """Epsilon-greedy actions [N] (no mask) given the draws: ``explore`` [N] bool (take the
+        random action) and ``random`` [N] (compiled and CUDA-graphed with compile on CUDA)."""
+        q, n, chunk = self.actor["q"], self.n_actions, self.config.action_chunk
+        _, greedy = chunked_argmax(q.head.score_fn(q.embed(obs)), n, chunk, None)  # [N]
+        return torch.where(explore, random, greedy)
 
     @torch.no_grad()
     def td_target(self, batch: Batch) -> torch.Tensor:

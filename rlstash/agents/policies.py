@@ -171,15 +171,20 @@ class GaussianActorCritic(ActorCritic):
 
     def sample(self, obs: torch.Tensor, gen: torch.Generator, deterministic: bool) -> torch.Tensor:
         """Env actions [B, act_dim] (module docstring for the two bounds)."""
-        mu = self.mean(obs)
-        x = (
-            mu
-            if deterministic
-            else mu + self.log_std.exp() * torch.randn(mu.shape, generator=gen, device=mu.device)
-        )
+        if not deterministic:
+            shape = (obs.shape[0], self.mu.out_features)
+            return self.explore(obs, torch.randn(shape, generator=gen, device=obs.device))
+        x = self.mean(obs)
         if self.bound == "tanh":
             return self.low + (torch.tanh(x) + 1) * (self.high - self.low) / 2
-        return torch.maximum(torch.minimum(x, self.high), self.low) if deterministic else x
+        return torch.maximum(torch.minimum(x, self.high), self.low)
+
+    def explore(self, obs: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        """:meth:`sample` with the standard normal noise ``eps`` [B, act_dim] given."""
+        x = self.mean(obs) + self.log_std.exp() * eps
+        if self.bound == "tanh":
+            return self.low + (torch.tanh(x) + 1) * (self.high - self.low) / 2
+        return x
 
     def log_prob_entropy(
         self, obs: torch.Tensor, action: torch.Tensor

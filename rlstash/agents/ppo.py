@@ -209,11 +209,17 @@ class PPO(AgentBase):
         rows, net = obs.shape[0], self.actor["policy"]
         x = self._pre(obs, self.actor)
         if self.n_actions is None:
-            action = net.sample(x, self.act_gen, deterministic)  # [N, act_dim]
+            if deterministic:
+                return net.sample(x, self.act_gen, True)  # [N, act_dim]
+            eps = torch.randn((rows, net.mu.out_features), generator=self.act_gen, device=x.device)
+            self.env_steps += rows
+            graphed = self._act_step(rows, net.explore)  # compiled and graphed on CUDA
+            return (graphed if graphed is not None else net.explore)(x, eps)  # [N, act_dim]
         else:
             amask = self._prepare_mask(mask, self.n_actions, rows)
             if amask is None and self.n_actions <= self.config.action_chunk:  # small: dense
-                logits = torch.nn.functional.linear(net.embed(x), net.head.table(), net.head.bias())
+                graphed = self._act_step(rows, self._logits)  # the network's forward, on CUDA
+                logits = (graphed if graphed is not None else self._logits)(x)  # [N, n]
                 self.env_steps += 0 if deterministic else rows
                 if deterministic:
                     return logits.argmax(1)
@@ -227,6 +233,12 @@ class PPO(AgentBase):
                 self._check_available(best)
         self.env_steps += 0 if deterministic else rows
         return action
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The acting policy's logits [N, n] of all actions (dense: n <= action_chunk); the
+        sampling (torch.multinomial, from ``act_gen``) stays outside any graph."""
+        net = self.actor["policy"]
+        return torch.nn.functional.linear(net.embed(x), net.head.table(), net.head.bias())
 
     def log_prob_entropy(
         self, x: torch.Tensor, action: torch.Tensor, mask: ActionMask | None = None

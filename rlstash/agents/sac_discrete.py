@@ -32,6 +32,7 @@ from rlstash.agents.actions import (
     ActionFeatures,
     ActionMask,
     chunked_argmax,
+    gumbel_noise,
     gumbel_scores,
     soft_policy_objective,
     softmax_stats,
@@ -113,6 +114,11 @@ class DiscreteSAC(AgentBase):
         rows, n, chunk = obs.shape[0], self.n_actions, self.config.action_chunk
         mask = self._prepare_mask(mask, n, rows)
         with torch.no_grad():
+            if not deterministic and mask is None and n <= chunk:  # one chunk: graphable
+                noise = gumbel_noise((rows, n), self.act_gen, self.act_device)  # [N, n]
+                self.env_steps += rows
+                graphed = self._act_step(rows, self._sample)
+                return (graphed if graphed is not None else self._sample)(obs, noise)
             actor = self.actor["actor"]
             logit_fn = actor.head.score_fn(actor.embed(obs))  # chunks of [N, c]
             if not deterministic:
@@ -122,6 +128,16 @@ class DiscreteSAC(AgentBase):
                 self._check_available(best)
             self.env_steps += 0 if deterministic else rows
             return action
+
+    def _sample(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """a ~ pi(.|s) [N] by Gumbel-max with the noise [N, n] given (one chunk of actions, no
+        mask: what ``act`` draws in its chunk loop; compiled and CUDA-graphed on CUDA)."""
+        actor = self.actor["actor"]
+        logit_fn = actor.head.score_fn(actor.embed(obs))
+        return chunked_argmax(
+            lambda start, stop: logit_fn(start, stop) + noise[:, start:stop],
+            self.n_actions, self.config.action_chunk, None,
+        )[1]  # fmt: skip
 
     def entropy_target(self, mask: ActionMask | None, rows: int) -> torch.Tensor:
         """H_target(s) [B]: ``target_entropy`` or ratio * log|A(s)| (|A(s)| >= 1)."""

@@ -221,7 +221,7 @@ class FakeGraphs:
         return Graph(), out
 
 
-@pytest.mark.parametrize("name", ["sac", "td3"])
+@pytest.mark.parametrize("name", ["dqn", "sac", "sac_discrete", "td3"])
 def test_graphed_update_and_act_logic_equals_eager(name, monkeypatch, aot_eager):
     """The CUDA path's logic on CPU: compiled steps wrapped in GraphedStep (warm-up calls, one
     capture, inputs copied into the static buffers, outputs cloned), the graph faked; update
@@ -233,12 +233,31 @@ def test_graphed_update_and_act_logic_equals_eager(name, monkeypatch, aot_eager)
     assert_same_agents(eager, graphed)
     torch.testing.assert_close(out_g["td_error"], out_e["td_error"], atol=1e-5, rtol=1e-4)
     eager.env_steps = graphed.env_steps = 10_000  # past TD3's uniform warm-up
-    obs = torch.randn(3, 3)
+    obs = torch.randn(3, *eager.obs_shape)
     for _ in range(4):
         torch.testing.assert_close(graphed.act(obs), eager.act(obs), atol=1e-5, rtol=1e-4)
     assert "act-3" in graphed._steps and "act-3" not in eager._steps
     assert fakes.captured == len(graphed._steps) and fakes.warmed == 2 * len(graphed._steps)
     assert fakes.replayed > 0
+
+
+@pytest.mark.parametrize("continuous", [0, 2])
+def test_graphed_ppo_act_logic_equals_eager(continuous, monkeypatch, aot_eager):
+    """PPO's exploration step on the CUDA path (fake graph): the Gaussian sample from noise
+    drawn outside, or the discrete policy's logits (the multinomial draw stays outside)."""
+    fakes = FakeGraphs()
+    monkeypatch.setattr(compiled, "GRAPH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(compiled, "_CudaGraphs", lambda: fakes)
+    kw = {"bounds": (-torch.ones(2), torch.ones(2))} if continuous else {"n_actions": 5}
+    eager, graphed = (
+        PPO((3,), **kw, config=PPOConfig(net_arch=SMALL, compile=c)) for c in (False, True)
+    )
+    graphed.load_state_dict(eager.state_dict())
+    obs = torch.randn(4, 3)
+    for _ in range(5):
+        torch.testing.assert_close(graphed.act(obs), eager.act(obs))
+    assert sorted(graphed._steps) == ["act-4"] and fakes.captured == 1 and fakes.replayed == 2
+    assert graphed.env_steps == eager.env_steps == 20
 
 
 def test_graphed_step_refuses_a_new_shape():

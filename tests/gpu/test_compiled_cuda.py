@@ -2,7 +2,7 @@
 
 With ``compile=True`` on CUDA every update step is compiled (inductor) and captured once into
 a CUDA graph, then replayed (:class:`rlstash.agents.compiled.GraphedStep`); SAC's and TD3's
-exploration step too. The graphed agent must keep the eager agent's parameters after N
+exploration step too (DQN's, SAC's, discrete SAC's, TD3's, PPO's). The graphed agent must keep the eager agent's parameters after N
 updates from the same state, and act alike. (CPU CI runs the same logic with a fake graph:
 tests/agents/test_compiled.py.)
 """
@@ -12,9 +12,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.agents.test_compiled import AGENTS, assert_same_agents
+from rlstash.agents.ppo import PPO, PPOConfig
+from tests.agents.test_compiled import AGENTS, SMALL, assert_same_agents
 
 pytestmark = pytest.mark.gpu
+
+ACTORS = {  # PPO's discrete and Gaussian policies (compile: bool)
+    "ppo": lambda c: PPO((3,), 5, config=PPOConfig(net_arch=SMALL, compile=c)),
+    "ppo_gaussian": lambda c: PPO(
+        (3,), bounds=(-torch.ones(2), torch.ones(2)), config=PPOConfig(net_arch=SMALL, compile=c)
+    ),
+}
 
 
 def _to_cuda(batch: dict) -> dict:
@@ -35,13 +43,13 @@ def test_graphed_update_equals_eager_on_cuda(name):
     torch.testing.assert_close(out_g["td_error"], out_e["td_error"], atol=1e-4, rtol=1e-3)
 
 
-@pytest.mark.parametrize("name", ["sac", "td3"])
+@pytest.mark.parametrize("name", ["dqn", "sac", "sac_discrete", "td3", "ppo", "ppo_gaussian"])
 def test_graphed_act_equals_eager_on_cuda(name):
-    make, _ = AGENTS[name]
+    make = ACTORS[name] if name.startswith("ppo") else AGENTS[name][0]
     eager, graphed = make(False).to("cuda"), make(True).to("cuda")
     graphed.load_state_dict(eager.state_dict())
     eager.env_steps = graphed.env_steps = 10_000  # past TD3's uniform warm-up
-    obs = torch.randn(4, 3, device="cuda")
+    obs = torch.randn(4, *eager.obs_shape, device="cuda")
     for _ in range(5):
         torch.testing.assert_close(graphed.act(obs), eager.act(obs), atol=1e-5, rtol=1e-4)
     assert "act-4" in graphed._steps
