@@ -253,12 +253,18 @@ def read_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 COMPILE_DEFAULT: bool | str = "auto"
 COMPILE_AFTER_S = 60.0  # compile="auto": seconds of eager updates before compiling
 COMPILE_AFTER_ENV = "RLSTASH_COMPILE_AFTER"  # overrides COMPILE_AFTER_S ("inf": never)
+# compile="auto" with a known horizon (``planned_updates``): compile only while the eager time
+# still ahead is at least this many times COMPILE_AFTER_S. A compiled update saves ~30-55% of
+# an eager one here (bench/updates.py), and compiling takes about COMPILE_AFTER_S, so a run
+# with less eager time left than ~3x that would lose more to compiling than it gains.
+COMPILE_REPAY = 3.0
 COMPILE_HELP = (
     "torch.compile the whole update (forward, backward, Adam, targets) into one step; on CUDA "
     "also a CUDA graph, with the exploration step. true: from the first update; false: never; "
-    "auto: once the run's eager updates have taken 60 s (env RLSTASH_COMPILE_AFTER), so a run "
-    "too short to repay a compilation (~5-60 s) never compiles and a long one loses at most "
-    "about that. The compile time is reported."
+    "auto: once the run's eager updates have taken 60 s (env RLSTASH_COMPILE_AFTER) and, when "
+    "the run's length is known, the eager time still ahead is >= 3x that, so a run too short "
+    "to repay a compilation (~5-150 s) never compiles and a long one loses at most about "
+    "that. The compile time is reported."
 )
 
 
@@ -323,6 +329,9 @@ class AgentBase:
         self.updates = 0  # gradient steps taken
         self.eager_update_s = 0.0  # wall seconds of eager updates (compile="auto" counts them)
         self.compile_after_s = compile_after_s()
+        # updates the run will take in all (set by the trainer; None: unknown), for "auto"
+        self.planned_updates: int | None = None
+        self._auto_compiling = False  # "auto" decided to compile: it stays compiled
         self.env_steps = 0  # env steps acted (non-deterministic act calls), drives epsilon
         self.learn_gen = make_generator(self.device, self.seed)
         self.act_gen = make_generator(self.act_device, self.seed + 1)
@@ -378,9 +387,20 @@ class AgentBase:
         """Whether this update runs compiled: ``config.compile`` true, or 'auto' once the eager
         updates have taken ``compile_after_s`` seconds (module ``COMPILE_HELP``)."""
         mode = self.config.compile
-        if mode == "auto":
-            return self.eager_update_s >= self.compile_after_s
-        return bool(mode)
+        if mode != "auto":
+            return bool(mode)
+        if not self._auto_compiling and self.eager_update_s >= self.compile_after_s:
+            self._auto_compiling = self._worth_compiling()
+        return self._auto_compiling
+
+    def _worth_compiling(self) -> bool:
+        """Whether the eager time still ahead (``planned_updates`` left at the mean eager
+        update time so far) is >= ``COMPILE_REPAY`` x ``compile_after_s``; True when the
+        horizon is unknown."""
+        if self.planned_updates is None or self.updates == 0:
+            return True
+        left = max(0, self.planned_updates - self.updates)
+        return left * self.eager_update_s / self.updates >= COMPILE_REPAY * self.compile_after_s
 
     @contextlib.contextmanager
     def _eager_timed(self) -> Iterator[None]:

@@ -125,6 +125,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
         undo.callback(rb.close)
         agent = make_agent(cfg, agent_cfg, info, device)
         limiter = make_limiter(cfg)
+        agent.planned_updates = planned_updates(cfg, limiter)  # compile="auto" reads it
         if cfg.ray:
             frames = collect_frames(cfg)
             collector = ray_run.make_collector(
@@ -315,6 +316,12 @@ def make_limiter(cfg: TrainConfig) -> RateLimiter:
         batch_size=cfg.batch_size,
         insert_chunk=collect_frames(cfg),
     )
+
+
+def planned_updates(cfg: TrainConfig, limiter: RateLimiter) -> int:
+    """The updates a run of ``cfg.steps`` env steps takes in all: ``gradient_steps`` per
+    ``train_freq`` env steps once ``limiter.min_size`` were stored."""
+    return max(0, cfg.steps - limiter.min_size) * cfg.gradient_steps // cfg.train_freq
 
 
 def collect_frames(cfg: TrainConfig) -> int:

@@ -126,6 +126,8 @@ def build_onpolicy_run(cfg: Any, run_dir: Path, state: dict[str, Any] | None = N
         undo.callback(env.close)
         agent = builders.make_agent(cfg, agent_cfg, info, device)
         frames = agent_cfg.rollout_steps * num_envs
+        per_rollout = agent_cfg.n_epochs * -(-frames // agent_cfg.minibatch_size)
+        agent.planned_updates = -(-cfg.steps // frames) * per_rollout  # compile="auto" reads it
         collector = Collector(env, agent.act, frames, device=agent.act_device, seed=cfg.seed + step)
         rollout = RolloutStorage(
             _step_spec(info.obs_space, info.act_space), agent_cfg.rollout_steps, num_envs,

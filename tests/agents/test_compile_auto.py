@@ -103,3 +103,65 @@ def test_a_wrong_compile_flag_is_one_line_exit_2(tmp_path, capsys):
     assert main([*argv, "--compile", "soon"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--compile" in err[0] and "auto" in err[0], err
+
+
+def test_auto_does_not_compile_when_the_eager_time_left_cannot_repay_it(aot_eager):
+    """A known horizon: past the threshold, "auto" compiles only while the eager time still
+    ahead (updates left x mean eager update) is >= COMPILE_REPAY x the threshold."""
+    from rlstash.agents.base import COMPILE_REPAY
+
+    short = _sac("auto", 1e-9)
+    short.planned_updates = 2  # past the threshold no update is left to repay a compile
+    for i in range(3):
+        short.update(SAC_BATCH(i))
+    assert short._steps == {} and short.eager_update_s > 0
+    long = _sac("auto", 1e-9)
+    long.planned_updates = 10**9
+    for i in range(3):
+        long.update(SAC_BATCH(i))
+    assert "update" in long._steps
+    # the rule itself, at the numbers of a SAC Pendulum preset run (20k updates, 10 ms each):
+    rule = _sac("auto", 60.0)
+    rule.updates, rule.eager_update_s, rule.planned_updates = 6000, 60.0, 20_000
+    assert 14_000 * 0.01 < COMPILE_REPAY * 60 and not rule._worth_compiling()
+    rule.planned_updates = 100_000  # a 100k-step run: 940 s of eager updates ahead
+    assert rule._worth_compiling()
+    rule.planned_updates = None  # unknown horizon: the threshold alone decides
+    assert rule._worth_compiling()
+
+
+def test_once_auto_compiles_it_stays_compiled_to_the_end(aot_eager):
+    agent = _sac("auto", 1e-9)
+    agent.update(SAC_BATCH(0))
+    agent.update(SAC_BATCH(1))
+    assert "update" in agent._steps
+    agent.planned_updates = agent.updates  # nothing left: a fresh decision would say no
+    eager_s, compile_s = agent.eager_update_s, agent.compile_seconds
+    agent.update(SAC_BATCH(2))
+    assert agent._compile_now()
+    assert agent.eager_update_s == eager_s  # the update ran compiled, not eager
+    assert agent.compile_seconds == compile_s  # and was not compiled again
+
+
+@pytest.mark.parametrize("algo", ["dqn", "ppo"])
+def test_train_tells_the_agent_how_many_updates_the_run_takes(algo, tmp_path):
+    from rlstash.train import builders, onpolicy
+    from rlstash.train.config import TrainConfig
+    from rlstash.train.loop import build_run
+
+    loop = {"dqn": {"learning_starts": 64, "train_freq": 16, "gradient_steps": 2}, "ppo": {}}
+    agent = {"dqn": {}, "ppo": {"rollout_steps": 32, "minibatch_size": 48, "n_epochs": 3}}
+    cfg = TrainConfig(algo=algo, env="CartPole-v1", steps=1000, run_dir=str(tmp_path),
+                      quiet=True, device="cpu", envs=2, agent=agent[algo], **loop[algo])  # fmt: skip
+    run = build_run(cfg, tmp_path / "run")
+    try:
+        if algo == "dqn":
+            assert run.limiter.min_size == 64
+            assert run.agent.planned_updates == (1000 - 64) * 2 // 16
+            assert builders.planned_updates(run.cfg, run.limiter) == run.agent.planned_updates
+        else:
+            assert isinstance(run, onpolicy.OnPolicyRun)
+            # 1000 steps in rollouts of 32 x 2 = 64 frames: 16 rollouts of 3 epochs x 2 minibatches
+            assert run.agent.planned_updates == 16 * 3 * 2
+    finally:
+        run.close()
