@@ -229,7 +229,7 @@ def run_sb3(part: str, seed: int, budget: int) -> dict:
     model.learn(total_timesteps=budget, callback=clock)
     wall = time.perf_counter() - start
     train_s = wall - clock.excluded
-    return {"curve": clock.curve, "steps": budget, "train_seconds": train_s,
+    return {"curve": clock.curve, "steps": model.num_timesteps, "train_seconds": train_s,
             "wall_seconds": wall, "settings": task["sb3"],
             "updates_at": [model._n_updates, train_s]}  # fmt: skip
 
