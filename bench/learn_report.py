@@ -190,8 +190,11 @@ def end_to_end_section(name: str, budget: int, eager: dict, compiled: dict) -> l
     from common import markdown_table
 
     task = TASKS[name]
-    sides = {"rlstash eager": eager["rlstash"], "rlstash compile=True": compiled["rlstash"],
-             "SB3": eager["sb3"]}  # fmt: skip
+    seeds = set(compiled["rlstash"])  # only seeds run with all three sides (same invocation)
+    sides = {side: {s: r for s, r in runs.items() if s in seeds}
+             for side, runs in (("rlstash eager", eager["rlstash"]),
+                                ("rlstash compile=True", compiled["rlstash"]),
+                                ("SB3", eager["sb3"]))}  # fmt: skip
     ok = {k: [r for r in v.values() if "error" not in r] for k, v in sides.items()}
     rate = {k: _median([r["steps"] / r["train_seconds"] for r in rs]) for k, rs in ok.items()}
     rows = []

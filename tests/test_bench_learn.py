@@ -161,6 +161,9 @@ def test_end_to_end_compiled_against_the_eager_parts_sb3_runs(tmp_path):
         compiled = _run(curve, 100.0, "2026-02-02") | {"compile_seconds": 25.0}
         store.save_run("rlstash-sac_same_compile", 15_000, seed, compiled)
         store.save_run("sb3-sac_same", 15_000, seed, _run(curve, 300.0, "2026-02-01"))
+    # a seed of the eager part from another invocation (no compiled run): left out
+    store.save_run("rlstash-sac_same", 15_000, 2, _run(curve, 900.0, "2026-01-01"))
+    store.save_run("sb3-sac_same", 15_000, 2, _run(curve, 900.0, "2026-01-01"))
     learn_report.write_reports(store, tmp_path, learn.report_paragraphs())
     text = (tmp_path / "learn_same.md").read_text()
     part = text.split("## End to end, compiled updates: SAC HalfCheetah-v5")[1].split("\n## ")[0]
