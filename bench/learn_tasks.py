@@ -96,12 +96,14 @@ SAME_DQN = {
     "buffer_size": 100_000, "learning_starts": 1000, "gamma": 0.99, "n_steps": 1,
     "target_update_interval": 128, "train_freq": 256, "gradient_steps": 128,
     "exploration_fraction": 0.16, "exploration_final_eps": 0.04, "net_arch": [256, 256],
-    "total_steps": 50_000,
+    "total_steps": 50_000, "compile": False,
 }  # fmt: skip
+# The identical-settings parts run rlstash eager (compile=False, as SB3): the agents' default
+# compile="auto" may compile in a long run; the *_compile parts measure compiled updates.
 # SB3's SAC defaults are rlstash's (lr 3e-4, batch 256, (256, 256), tau 0.005, auto alpha,
 # learning_starts 100, one update per step); the buffer holds the whole run on both sides.
 # Left different: SB3 acts uniformly at random for its first 100 steps, rlstash with its policy.
-SAME_SAC = {"buffer_size": 15_000}
+SAME_SAC = {"buffer_size": 15_000, "compile": False}
 # The zoo's TD3 in rlstash's terms: Pendulum's episodes are 200 steps (time limit, no early
 # termination), so SB3's train_freq (1, "episode") with gradient_steps -1 is 200 updates every
 # 200 env steps; 10,000 uniformly random steps before learning (SB3: learning_starts); batch
@@ -109,7 +111,7 @@ SAME_SAC = {"buffer_size": 15_000}
 SAME_TD3 = {
     "learning_rate": 1e-3, "gamma": 0.98, "buffer_size": 200_000, "learning_starts": 10_000,
     "random_steps": 10_000, "train_freq": 200, "gradient_steps": 200, "batch_size": 256,
-    "exploration_noise": 0.1, "net_arch": [400, 300],
+    "exploration_noise": 0.1, "net_arch": [400, 300], "compile": False,
 }  # fmt: skip
 
 # part -> algo, env, threshold (None: no threshold, seconds and returns only), budget (env
