@@ -210,8 +210,11 @@ def _start_training(run_dir: Path, steps: int) -> subprocess.Popen:
 def _wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, min_step: int) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        done = run_dir / "checkpoint" / "COMPLETE"
-        if done.exists() and done.read_text().strip() and int(done.read_text()) >= min_step:
+        try:  # one read: the checkpoint directory is swapped whole while we look
+            step = int((run_dir / "checkpoint" / "COMPLETE").read_text())
+        except (FileNotFoundError, ValueError):
+            step = -1
+        if step >= min_step:
             return
         if proc.poll() is not None:
             pytest.fail(f"training ended before a checkpoint: {proc.stdout.read()}")
