@@ -32,6 +32,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -127,11 +128,9 @@ def collector_runs(n: int, device: str, steps: int = 16) -> dict[str, common.Run
     return runs
 
 
-def copy_bound(n: int, device: str, steps: int) -> common.Run:
-    """run(k): the env stepped with the bank's actions, each step's outputs copied into a
-    [steps, N] batch and each batch copied into lanes (``TensorStorage.write_lanes``): the
-    bytes any collector + stream storage must move under the contract (the env may reuse
-    its buffers, the batch is the caller's), with no bookkeeping at all."""
+def _bound_setup(n: int, device: str) -> tuple[Any, torch.Tensor, torch.Tensor, dict]:
+    """The bound rows' shared start: ``rlstash/CartPole-v1`` over ``n`` envs, reset; a bank of
+    random actions; the slot fields of a CartPole transition."""
     env = gym.make_vec(
         "rlstash/CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point", device=device
     )
@@ -139,6 +138,15 @@ def copy_bound(n: int, device: str, steps: int) -> common.Run:
     bank = torch.from_numpy(np.random.default_rng(1).integers(0, 2, (BANK, n))).to(device)
     slots = {"obs": Field((4,), torch.float32), "action": Field((), torch.int64),
              "reward": Field((), torch.float32)}  # fmt: skip
+    return env, obs, bank, slots
+
+
+def copy_bound(n: int, device: str, steps: int) -> common.Run:
+    """run(k): the env stepped with the bank's actions, each step's outputs copied into a
+    [steps, N] batch and each batch copied into lanes (``TensorStorage.write_lanes``): the
+    bytes any collector + stream storage must move under the contract (the env may reuse
+    its buffers, the batch is the caller's), with no bookkeeping at all."""
+    env, obs, bank, slots = _bound_setup(n, device)
     lanes, cursor, state = TensorStorage(slots, n * 64, device), [0], [obs]
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
@@ -174,13 +182,7 @@ def slot_major_bound(n: int, device: str, steps: int) -> common.Run:
     Not a layout rlstash has: StreamStorage keeps each env's slots contiguous (rows ``e * L +
     pos``), so every step's write there is strided over N lanes. What the copies would cost if
     the stream were stored slot-major; flags go to a [steps, N] buffer; no bookkeeping."""
-    env = gym.make_vec(
-        "rlstash/CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point", device=device
-    )
-    obs, _ = env.reset(seed=0)
-    bank = torch.from_numpy(np.random.default_rng(1).integers(0, 2, (BANK, n))).to(device)
-    slots = {"obs": Field((4,), torch.float32), "action": Field((), torch.int64),
-             "reward": Field((), torch.float32)}  # fmt: skip
+    env, obs, bank, slots = _bound_setup(n, device)
     ring = TensorStorage(slots, n * 64, device)
     rows = {k: t.view(64, n, *t.shape[1:]) for k, t in ring.tensors.items()}  # [pos, N, ...]
     cursor, state = [0], [obs]
