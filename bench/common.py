@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import gc
 import json
 import math
 import os
@@ -180,6 +181,21 @@ def _proc_cpu(pid: int | None = None) -> float:
         t = psutil.Process(pid).cpu_times()
         return t.user + t.system
     return 0.0
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic GC pause while the body runs (as timeit): what exists is collected and frozen,
+    collection is off; both undone after. One peer's garbage (TorchRL's) then never costs
+    another peer's timed run."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
 
 
 @contextlib.contextmanager

@@ -26,7 +26,6 @@ frames; preallocated per transition, so measured on a 4,000-transition copy of t
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import os
@@ -148,7 +147,7 @@ def catframes_bytes(data: sb.Episodes) -> tuple[float, str]:
 
 
 def _worker(task: dict) -> dict:
-    from common import cpu_meter, interleaved
+    from common import cpu_meter, gc_paused, interleaved
     from replay import _cpu
 
     from rlstash.storage.frames import FrameCompression
@@ -191,15 +190,8 @@ def _worker(task: dict) -> dict:
             steps = int(np.prod(data.shape))
             out["peers"][key].update(extend_rate=steps / peer.extend_s, stats=peer.stats)
         print(f"[frames] {name}: built {key}", file=sys.stderr, flush=True)
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-    try:
-        with cpu_meter() as meter:
-            timings = interleaved(runs, task["reps"], task["target_s"])
-    finally:
-        gc.enable()
-        gc.unfreeze()
+    with gc_paused(), cpu_meter() as meter:
+        timings = interleaved(runs, task["reps"], task["target_s"])
     out["cpu"] = _cpu(meter)
     for key, t in timings.items():
         cpu = [n / max(c, 1e-9) for n, c in cpu_log[key][-task["reps"] :]]

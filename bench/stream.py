@@ -559,7 +559,7 @@ def _rss_worker(task: dict) -> dict:
 
 def _time_worker(task: dict) -> dict:
     """Build every buffer of the group, check samples, time them interleaved."""
-    from common import cpu_meter, interleaved
+    from common import cpu_meter, gc_paused, interleaved
     from replay import _cpu
 
     _setup_worker(task)
@@ -587,15 +587,8 @@ def _time_worker(task: dict) -> dict:
         }
         print(f"[stream] {task['workload']}: built {key}", file=sys.stderr, flush=True)
     if runs:
-        gc.collect()
-        gc.freeze()  # as timeit: no cyclic GC pause (TorchRL's garbage) lands in another's run
-        gc.disable()
-        try:
-            with cpu_meter() as meter:
-                timings = interleaved(runs, task["reps"], task["target_s"])
-        finally:
-            gc.enable()
-            gc.unfreeze()
+        with gc_paused(), cpu_meter() as meter:
+            timings = interleaved(runs, task["reps"], task["target_s"])
         out["cpu"] = _cpu(meter)
         for key, t in timings.items():
             cpu_rates = [n / max(c, 1e-9) for n, c in cpu_log[key][-task["reps"] :]]

@@ -144,6 +144,23 @@ def cleanrl_update(algo: str, net: tuple, dims: tuple, batch: int, rows: int, pp
     return run
 
 
+def _descend(opt: Any, loss: Any) -> None:
+    """CleanRL's optimizer step: zero_grad, backward, step."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def _soft_update(pairs: tuple) -> None:
+    """CleanRL's Polyak update (tau 0.005) of each (net, target) pair, parameter by parameter."""
+    import torch
+
+    with torch.no_grad():
+        for src, dst in pairs:
+            for p, tp in zip(src.parameters(), dst.parameters()):
+                tp.data.copy_(0.005 * p.data + 0.995 * tp.data)
+
+
 def _cleanrl_dqn(net: tuple, obs: int, act: int) -> Any:
     import torch
     import torch.nn.functional as F
@@ -158,9 +175,7 @@ def _cleanrl_dqn(net: tuple, obs: int, act: int) -> Any:
             td_target = d["reward"] + 0.99 * target_max * (1 - d["done"])
         old_val = q(d["obs"]).gather(1, d["action"][:, None]).squeeze()
         loss = F.mse_loss(td_target, old_val)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        _descend(opt, loss)
 
     return step
 
@@ -197,23 +212,14 @@ def _cleanrl_sac(net: tuple, obs: int, act: int) -> Any:
             next_q = d["reward"] + (1 - d["done"]) * 0.99 * min_q.view(-1)
         x = torch.cat([d["obs"], d["action"]], 1)
         qf_loss = F.mse_loss(qf1(x).view(-1), next_q) + F.mse_loss(qf2(x).view(-1), next_q)
-        q_opt.zero_grad()
-        qf_loss.backward()
-        q_opt.step()
+        _descend(q_opt, qf_loss)
         pi, log_pi = get_action(d["obs"])
         x = torch.cat([d["obs"], pi], 1)
         actor_loss = (alpha * log_pi - torch.min(qf1(x), qf2(x))).mean()
-        a_opt.zero_grad()
-        actor_loss.backward()
-        a_opt.step()
+        _descend(a_opt, actor_loss)
         alpha_loss = (-log_alpha.exp() * (log_pi.detach() - act)).mean()
-        alpha_opt.zero_grad()
-        alpha_loss.backward()
-        alpha_opt.step()
-        with torch.no_grad():
-            for src, dst in ((qf1, qf1_t), (qf2, qf2_t)):
-                for p, tp in zip(src.parameters(), dst.parameters()):
-                    tp.data.copy_(0.005 * p.data + 0.995 * tp.data)
+        _descend(alpha_opt, alpha_loss)
+        _soft_update(((qf1, qf1_t), (qf2, qf2_t)))
 
     return step
 
@@ -248,26 +254,17 @@ def _cleanrl_sac_discrete(net: tuple, obs: int, act: int) -> Any:
         a = d["action"][:, None]
         q1, q2 = qf1(d["obs"]).gather(1, a).view(-1), qf2(d["obs"]).gather(1, a).view(-1)
         qf_loss = F.mse_loss(q1, next_q) + F.mse_loss(q2, next_q)
-        q_opt.zero_grad()
-        qf_loss.backward()
-        q_opt.step()
+        _descend(q_opt, qf_loss)
         probs, log_probs = policy(d["obs"])
         with torch.no_grad():
             min_q = torch.min(qf1(d["obs"]), qf2(d["obs"]))
         actor_loss = (probs * (alpha * log_probs - min_q)).mean()
-        a_opt.zero_grad()
-        actor_loss.backward()
-        a_opt.step()
+        _descend(a_opt, actor_loss)
         alpha_loss = (
             probs.detach() * (-log_alpha.exp() * (log_probs + target_entropy).detach())
         ).mean()
-        alpha_opt.zero_grad()
-        alpha_loss.backward()
-        alpha_opt.step()
-        with torch.no_grad():
-            for src, dst in ((qf1, qf1_t), (qf2, qf2_t)):
-                for p, tp in zip(src.parameters(), dst.parameters()):
-                    tp.data.copy_(0.005 * p.data + 0.995 * tp.data)
+        _descend(alpha_opt, alpha_loss)
+        _soft_update(((qf1, qf1_t), (qf2, qf2_t)))
 
     return step
 
@@ -296,19 +293,12 @@ def _cleanrl_td3(net: tuple, obs: int, act: int) -> Any:
             next_q = d["reward"] + (1 - d["done"]) * 0.99 * min_q.view(-1)
         x = torch.cat([d["obs"], d["action"]], 1)
         qf_loss = F.mse_loss(qf1(x).view(-1), next_q) + F.mse_loss(qf2(x).view(-1), next_q)
-        q_opt.zero_grad()
-        qf_loss.backward()
-        q_opt.step()
+        _descend(q_opt, qf_loss)
         if calls[0] % 2 == 0:
             x = torch.cat([d["obs"], torch.tanh(actor(d["obs"]))], 1)
             actor_loss = -qf1(x).mean()
-            a_opt.zero_grad()
-            actor_loss.backward()
-            a_opt.step()
-            with torch.no_grad():
-                for src, dst in ((actor, actor_t), (qf1, qf1_t), (qf2, qf2_t)):
-                    for p, tp in zip(src.parameters(), dst.parameters()):
-                        tp.data.copy_(0.005 * p.data + 0.995 * tp.data)
+            _descend(a_opt, actor_loss)
+            _soft_update(((actor, actor_t), (qf1, qf1_t), (qf2, qf2_t)))
 
     return step
 

@@ -128,6 +128,22 @@ class ConfigMixin:
         return dataclasses.asdict(self)
 
 
+def agent_config(config: Any, config_cls: type) -> Any:
+    """An agent's ``config`` argument: ``config_cls()`` when None, else it must be one
+    (TypeError naming the field)."""
+    cfg = config if config is not None else config_cls()
+    if not isinstance(cfg, config_cls):
+        raise TypeError(f"config: expected a {config_cls.__name__}, got {type(cfg).__name__}")
+    return cfg
+
+
+def check_count(name: str, value: Any) -> int:
+    """``value`` as an int >= 1 (a bool is no count; ValueError naming ``name``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+    return value
+
+
 def check_positive(config: Any, *names: str) -> None:
     for name in names:
         value = getattr(config, name)

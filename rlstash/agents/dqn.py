@@ -20,8 +20,10 @@ from rlstash.agents.base import (
     AgentBase,
     Batch,
     ConfigMixin,
+    agent_config,
     check_batch,
     check_common,
+    check_count,
     flat_adam,
     hp,
     seeded_init,
@@ -94,12 +96,8 @@ class DQN(AgentBase):
         act_device: torch.device | str | None = None,
         action_features: torch.Tensor | ActionFeatures | None = None,
     ):
-        self.config = config if config is not None else DQNConfig()
-        if not isinstance(self.config, DQNConfig):
-            raise TypeError(f"config: expected a DQNConfig, got {type(self.config).__name__}")
-        if isinstance(n_actions, bool) or not isinstance(n_actions, int) or n_actions < 1:
-            raise ValueError(f"n_actions: expected an int >= 1, got {n_actions!r}")
-        cfg = self.config
+        cfg = self.config = agent_config(config, DQNConfig)
+        check_count("n_actions", n_actions)
         self.obs_shape, self.n_actions = tuple(obs_shape), n_actions
         if isinstance(action_features, torch.Tensor):
             action_features = ActionFeatures(action_features)

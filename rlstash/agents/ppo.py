@@ -39,7 +39,9 @@ from rlstash.agents.base import (
     COMPILE_HELP,
     AgentBase,
     ConfigMixin,
+    agent_config,
     check_compile,
+    check_count,
     check_positive,
     flat_adam,
     hp,
@@ -153,15 +155,11 @@ class PPO(AgentBase):
         act_device: torch.device | str | None = None,
         action_features: torch.Tensor | ActionFeatures | None = None,
     ):
-        cfg = self.config = config if config is not None else PPOConfig()
-        if not isinstance(cfg, PPOConfig):
-            raise TypeError(f"config: expected a PPOConfig, got {type(cfg).__name__}")
+        cfg = self.config = agent_config(config, PPOConfig)
         if (n_actions is None) == (bounds is None):
             raise ValueError("PPO: give exactly one of n_actions (discrete) or bounds (continuous)")
-        if n_actions is not None and (
-            isinstance(n_actions, bool) or not isinstance(n_actions, int) or n_actions < 1
-        ):
-            raise ValueError(f"n_actions: expected an int >= 1, got {n_actions!r}")
+        if n_actions is not None:
+            check_count("n_actions", n_actions)
         self.obs_shape, self.n_actions = tuple(obs_shape), n_actions
         if isinstance(action_features, torch.Tensor):
             action_features = ActionFeatures(action_features)

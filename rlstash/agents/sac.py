@@ -24,8 +24,10 @@ from rlstash.agents.base import (
     AgentBase,
     Batch,
     ConfigMixin,
+    agent_config,
     check_batch,
     check_common,
+    check_count,
     flat_adam,
     hp,
     seeded_init,
@@ -152,11 +154,8 @@ def box_agent_setup(
 ) -> Any:  # fmt: skip
     """The checks and attributes every Box-action agent (SAC, TD3) starts with: ``config``
     (``config_cls()`` when None), ``obs_shape``, ``act_dim``, ``center``/``scale`` [A]."""
-    cfg = agent.config = config if config is not None else config_cls()
-    if not isinstance(cfg, config_cls):
-        raise TypeError(f"config: expected a {config_cls.__name__}, got {type(cfg).__name__}")
-    if isinstance(act_dim, bool) or not isinstance(act_dim, int) or act_dim < 1:
-        raise ValueError(f"act_dim: expected an int >= 1, got {act_dim!r}")
+    cfg = agent.config = agent_config(config, config_cls)
+    check_count("act_dim", act_dim)
     agent.obs_shape, agent.act_dim = tuple(obs_shape), act_dim
     agent.center, agent.scale = bounds(low, high, act_dim)  # [A], [A]
     return cfg

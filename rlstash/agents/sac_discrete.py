@@ -37,7 +37,16 @@ from rlstash.agents.actions import (
     soft_policy_objective,
     softmax_stats,
 )
-from rlstash.agents.base import AgentBase, Batch, check_batch, flat_adam, hp, seeded_init
+from rlstash.agents.base import (
+    AgentBase,
+    Batch,
+    agent_config,
+    check_batch,
+    check_count,
+    flat_adam,
+    hp,
+    seeded_init,
+)
 from rlstash.agents.nets import LogAlpha, make_discrete_net, polyak_update
 from rlstash.agents.sac import SACBaseConfig
 
@@ -76,11 +85,8 @@ class DiscreteSAC(AgentBase):
         act_device: torch.device | str | None = None,
         action_features: torch.Tensor | ActionFeatures | None = None,
     ):
-        cfg = self.config = config if config is not None else DiscreteSACConfig()
-        if not isinstance(cfg, DiscreteSACConfig):
-            raise TypeError(f"config: expected a DiscreteSACConfig, got {type(cfg).__name__}")
-        if isinstance(n_actions, bool) or not isinstance(n_actions, int) or n_actions < 1:
-            raise ValueError(f"n_actions: expected an int >= 1, got {n_actions!r}")
+        cfg = self.config = agent_config(config, DiscreteSACConfig)
+        check_count("n_actions", n_actions)
         self.obs_shape, self.n_actions = tuple(obs_shape), n_actions
         if isinstance(action_features, torch.Tensor):
             action_features = ActionFeatures(action_features)
