@@ -57,6 +57,7 @@ _EXPORTS: dict[str, str] = {
     "PPO": "rlstash.agents.ppo",
     "PPOConfig": "rlstash.agents.ppo",
     "RolloutStorage": "rlstash.storage.rollout",
+    "obs_shapes": "rlstash.agents.dict_obs",
     "TD3": "rlstash.agents.td3",
     "TD3Config": "rlstash.agents.td3",
     "read_metrics": "rlstash.agents.base",
@@ -107,6 +108,7 @@ __all__ = [
     "TrainConfig",
     "UniformSampler",
     "WorkerFailedError",
+    "obs_shapes",
     "plan",
     "read_metrics",
 ]
@@ -130,6 +132,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.agents.base import read_metrics
+    from rlstash.agents.dict_obs import obs_shapes
     from rlstash.collect.ray import RayActorFailedError, RayCollector
     from rlstash.collect.sync import Collector
     from rlstash.device import Delivery

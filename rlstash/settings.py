@@ -160,7 +160,9 @@ def parse_text(name: str, text: str, tp: Any) -> Any:
     try:
         if origin is tuple:
             body = text.strip("[]() ")
-            parts = [p for p in body.replace("x", ",").split(",") if p.strip()]
+            if _args(tp)[0] in (int, float):  # '64x64' for layer widths; keys may hold an x
+                body = body.replace("x", ",")
+            parts = [p for p in body.split(",") if p.strip()]
             return tuple(parse_text(name, p, _args(tp)[0]) for p in parts)
         if tp is bool:
             return _BOOL_WORDS[text.lower()]

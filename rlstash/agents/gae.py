@@ -21,12 +21,10 @@ on the host, so the rollout may live on a GPU without a per-step synchronization
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from rlstash.storage.rollout import RolloutStorage
+from rlstash.storage.rollout import RolloutStorage, obs_map
 
 
 def gae(
@@ -71,12 +69,13 @@ def rollout_gae(
     reward: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(advantages, returns, values), each [T, N], of a rollout: ``value_fn`` maps observations
-    [B, *obs_shape] (as stored) to V [B]; it is evaluated once on the T + 1 observation rows
+    [B, *obs_shape] (as stored; a dict of them for dict observations) to V [B]; it is evaluated once on the T + 1 observation rows
     (and on ``final_obs`` in same-step mode, where an episode ended). ``reward`` replaces the
     rollout's rewards (e.g. scaled ones)."""
     T, N = rollout.steps, rollout.num_envs
     with torch.no_grad():
-        v_all = value_fn(rollout.obs.reshape((T + 1) * N, *rollout.obs.shape[2:])).reshape(T + 1, N)
+        rows = obs_map(lambda x: x.reshape((T + 1) * N, *x.shape[2:]), rollout.obs)
+        v_all = value_fn(rows).reshape(T + 1, N)
         next_v = v_all[1:]  # V(obs[t + 1]): the next obs, or (next-step mode) the final one
         if rollout.final_obs is not None:  # same-step autoreset: the final obs where it ended
             done = rollout.terminated | rollout.truncated

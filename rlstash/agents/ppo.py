@@ -27,6 +27,7 @@ Metrics stay on the device as 0-dim tensors; nothing is read on the host per min
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,7 @@ from rlstash.agents.base import (
     seeded_init,
 )
 from rlstash.agents.categorical import log_prob_entropy
+from rlstash.agents.dict_obs import ObsLayout
 from rlstash.agents.gae import rollout_gae
 from rlstash.agents.normalize import ObsNormalizer, RewardScaler
 from rlstash.agents.policies import CategoricalActorCritic, GaussianActorCritic
@@ -111,6 +113,10 @@ class PPOConfig(ConfigMixin):
     learn_action_embeddings: bool = hp(True, "Learn the action table; False keeps features fixed.")
     action_chunk: int = hp(8192, "Actions scored per chunk; extra memory O(batch * chunk).")
     adam_eps: float = hp(1e-5, "Adam epsilon.")
+    obs_keys: tuple[str, ...] | None = hp(
+        None, "Dict observations: the keys the networks take, flattened and concatenated in "
+        "this order (nested keys joined by '/'; None: all, in the observation's order)."
+    )  # fmt: skip
     total_steps: int = hp(1_000_000, "Env steps of the run (the annealing horizon).")
     seed: int = hp(0, "Seed of the network init and of the policy's sampling.")
     compile: bool | str = hp(COMPILE_DEFAULT, COMPILE_HELP)
@@ -119,6 +125,10 @@ class PPOConfig(ConfigMixin):
 
     def __post_init__(self) -> None:
         self.net_arch = tuple(self.net_arch)
+        if isinstance(self.obs_keys, str):
+            self.obs_keys = (self.obs_keys,)
+        elif self.obs_keys is not None:
+            self.obs_keys = tuple(self.obs_keys)
         check_types(self)
         check_compile(self)
         check_positive(
@@ -141,13 +151,19 @@ class PPOConfig(ConfigMixin):
 
 
 class PPO(AgentBase):
-    """PPO over ``n_actions`` discrete actions or a Box of ``bounds`` = (low, high)."""
+    """PPO over ``n_actions`` discrete actions or a Box of ``bounds`` = (low, high).
+
+    ``obs_shape``: the observation's shape, or for dict observations a dict of shapes by key
+    (nested keys joined by ``/``; :func:`rlstash.obs_shapes` of the env's observation space): the
+    networks then take the keys ``config.obs_keys`` flattened and concatenated
+    (:class:`~rlstash.agents.dict_obs.ObsLayout`), and ``act``, the rollout and the
+    normaliser take the dicts as the env returns them."""
 
     algo = "ppo"
 
     def __init__(
         self,
-        obs_shape: tuple[int, ...],
+        obs_shape: tuple[int, ...] | Mapping[str, tuple[int, ...]],
         n_actions: int | None = None,
         bounds: tuple[np.ndarray, np.ndarray] | None = None,
         config: PPOConfig | None = None,
@@ -160,6 +176,15 @@ class PPO(AgentBase):
             raise ValueError("PPO: give exactly one of n_actions (discrete) or bounds (continuous)")
         if n_actions is not None:
             check_count("n_actions", n_actions)
+        self.obs_layout: ObsLayout | None = None
+        if isinstance(obs_shape, Mapping):
+            self.obs_layout = ObsLayout(obs_shape, cfg.obs_keys)
+            obs_shape = (self.obs_layout.dim,)
+        elif cfg.obs_keys is not None:
+            raise ValueError(
+                f"obs_keys: set to {cfg.obs_keys!r}, but the observation is not a dict (shape "
+                f"{tuple(obs_shape)}); drop obs_keys"
+            )
         self.obs_shape, self.n_actions = tuple(obs_shape), n_actions
         if isinstance(action_features, torch.Tensor):
             action_features = ActionFeatures(action_features)
@@ -203,6 +228,8 @@ class PPO(AgentBase):
         """a ~ pi(.|s) ([N] int64 or [N, act_dim] float) on ``act_device``; the mode when
         ``deterministic``. Masked discrete actions are never chosen. Gaussian 'clip' samples
         are not clipped (the env clips them; see :mod:`rlstash.agents.policies`)."""
+        if self.obs_layout is not None:
+            obs = self.obs_layout.flatten(obs)  # [N, dim]
         obs = self._prepare_obs(obs, self.obs_shape)  # [N, *obs_shape]
         rows, net = obs.shape[0], self.actor["policy"]
         x = self._pre(obs, self.actor)
@@ -370,7 +397,7 @@ class PPO(AgentBase):
             reward = self.nets["reward_scaler"].scale(reward, done, rollout.valid)
         adv, ret, values = rollout_gae(rollout, self._values, self.config.gamma,
                                        self.config.gae_lambda, reward)  # fmt: skip
-        raw = rollout.flat("obs")  # [T * N, ...]
+        raw = self._flat_obs(rollout.flat("obs"))  # [T * N, ...]
         data = {"obs": self._pre(raw, self.nets), "raw_obs": raw,
                 "action": rollout.flat("action"), "valid": rollout.valid.reshape(-1),
                 "values": values.reshape(-1), "advantages": adv.reshape(-1),
@@ -388,8 +415,12 @@ class PPO(AgentBase):
 
     def _values(self, obs: torch.Tensor) -> torch.Tensor:
         """V(s) [B] of stored observations, in pieces of 4096 rows."""
-        net = self.nets["policy"]
+        net, obs = self.nets["policy"], self._flat_obs(obs)
         return torch.cat([net.value(self._pre(part, self.nets)) for part in obs.split(4096)])
+
+    def _flat_obs(self, obs: Any) -> torch.Tensor:
+        """Stored observations [B, ...] as the networks take them (dicts flattened)."""
+        return obs if self.obs_layout is None else self.obs_layout.flatten(obs)
 
     def _old_logp(
         self, x: torch.Tensor, action: torch.Tensor, mask: ActionMask | None

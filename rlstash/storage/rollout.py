@@ -17,6 +17,7 @@ whole-tensor operations only (no host read, so no synchronization on a GPU):
 field       shape            meaning
 =========== ================ ===================================================================
 obs         [T + 1, N, ...]  row t: the observation action t was taken from; row T: the one after
+                             (dict observations: a dict of such tensors by key, see below)
 action      [T, N, ...]      as the collector stored it (int64 indices, or float vectors)
 reward      [T, N] float32
 terminated, [T, N] bool      as the env reported them
@@ -38,6 +39,12 @@ observation after an episode end (the reset comes one step later), and for the l
 ``obs[T]`` is what the collector holds next, so truncated and running episodes bootstrap from
 the right observation in both modes. Whether row 0 is a reset step depends on the previous
 rollout's last row: that flag is carried over (and saved in ``state_dict``).
+
+Dict observations (Isaac Lab's observation groups, ``{"policy": [N, ...], "critic": ...}``,
+nested dicts too): the spec holds ``obs/<key>`` fields (nested keys joined by ``/``) instead of
+``obs``, as the batched :class:`~rlstash.collect.sync.Collector` names them; ``obs`` and
+``final_obs`` are then dicts of tensors by key, and ``add`` takes ``next_obs`` as the env
+returns it (a nested dict) or with joined keys.
 """
 
 from __future__ import annotations
@@ -48,7 +55,10 @@ from typing import Any
 
 import torch
 
-from rlstash.spec import Batch, Spec
+from rlstash.spec import Batch, Field, Spec
+
+Obs = Any  # a tensor, or a dict of tensors by key (a dict observation)
+DICT_PREFIX = "obs/"
 
 _FLAGS = ("reward", "terminated", "truncated")
 _TENSORS = ("obs", "action", "action_mask", "final_obs", *_FLAGS, "valid", "cont", "_after_done")
@@ -69,12 +79,19 @@ class RolloutStorage:
         for name, value in (("steps", steps), ("num_envs", num_envs)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
-        if not isinstance(spec, Spec) or "obs" not in spec or "action" not in spec:
+        if not isinstance(spec, Spec) or "action" not in spec:
             raise ValueError(f"spec: expected a Spec with 'obs' and 'action' fields, got {spec!r}")
-        unknown = sorted(set(spec) - {"obs", "action", "action_mask"})
+        self.obs_fields = obs_fields(spec)  # {"": obs} or {key: obs/key} of a dict observation
+        known = {
+            "action",
+            "action_mask",
+            *(DICT_PREFIX + k if k else "obs" for k in self.obs_fields),
+        }
+        unknown = sorted(set(spec) - known)
         if unknown:
             raise ValueError(
-                f"spec: unexpected fields {unknown}; expected obs, action, action_mask"
+                f"spec: unexpected fields {unknown}; expected obs (or obs/<key> fields of a dict "
+                "observation), action, action_mask"
             )
         self.spec, self.steps, self.num_envs = spec, steps, num_envs
         self.device, self.same_step = torch.device(device), bool(same_step)
@@ -83,13 +100,16 @@ class RolloutStorage:
         def alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=self.device)
 
-        obs = spec["obs"]
-        self.obs = alloc((T + 1, N, *obs.shape), obs.dtype)
+        def alloc_obs(rows: int) -> Obs:
+            out = {k: alloc((rows, N, *f.shape), f.dtype) for k, f in self.obs_fields.items()}
+            return out[""] if "" in out else out
+
+        self.obs = alloc_obs(T + 1)
         self.action = alloc((T, N, *spec["action"].shape), spec["action"].dtype)
         self.action_mask = None
         if "action_mask" in spec:
             self.action_mask = alloc((T, N, *spec["action_mask"].shape), spec["action_mask"].dtype)
-        self.final_obs = alloc((T, N, *obs.shape), obs.dtype) if same_step else None
+        self.final_obs = alloc_obs(T) if same_step else None
         self.reward = alloc((T, N), torch.float32)
         self.terminated, self.truncated = alloc((T, N), torch.bool), alloc((T, N), torch.bool)
         self.valid, self.cont = alloc((T, N), torch.bool), alloc((T, N), torch.bool)
@@ -100,8 +120,9 @@ class RolloutStorage:
     @property
     def nbytes(self) -> int:
         """Bytes held by the rollout's tensors."""
-        tensors = [self.obs, self.action, self.reward, self.terminated, self.truncated,
-                   self.valid, self.cont, self.final_obs, self.action_mask]  # fmt: skip
+        tensors = [*obs_tensors(self.obs), self.action, self.reward, self.terminated,
+                   self.truncated, self.valid, self.cont, *obs_tensors(self.final_obs),
+                   self.action_mask]  # fmt: skip
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     @property
@@ -109,10 +130,11 @@ class RolloutStorage:
         """Rows per rollout: T * N."""
         return self.steps * self.num_envs
 
-    def add(self, batch: Mapping[str, torch.Tensor], next_obs: torch.Tensor) -> None:
+    def add(self, batch: Mapping[str, torch.Tensor], next_obs: Obs) -> None:
         """Replace the rollout by ``batch`` ([T, N] fields of a collector) and ``next_obs`` [N, ...]
-        (the observation after its last step). Validates everything first: a bad batch changes
-        nothing."""
+        (the observation after its last step; a dict of them, nested or with ``/``-joined keys,
+        for dict observations, whose batch fields are ``obs/<key>``). Validates everything
+        first: a bad batch changes nothing."""
         data = self._checked(batch, next_obs)
         done = data["terminated"] | data["truncated"]  # [T, N]
         if self.same_step:
@@ -123,14 +145,15 @@ class RolloutStorage:
         if "restarted" in data:
             valid &= ~data["restarted"]
         nxt = torch.cat([valid[1:], torch.ones_like(valid[:1])])  # [T, N]: row t+1 is a real step
-        self.obs[: self.steps].copy_(data["obs"])
-        self.obs[self.steps].copy_(data["next_obs"])
+        for key, name in self._obs_names("obs"):
+            _obs_part(self.obs, key)[: self.steps].copy_(data[name])
+            _obs_part(self.obs, key)[self.steps].copy_(data[f"next_{name}"])
+            if self.final_obs is not None:
+                _obs_part(self.final_obs, key).copy_(data[f"final_{name}"])
         for name in ("action", *_FLAGS):
             getattr(self, name).copy_(data[name])
         if self.action_mask is not None:
             self.action_mask.copy_(data["action_mask"])
-        if self.final_obs is not None:
-            self.final_obs.copy_(data["final_obs"])
         self.valid.copy_(valid)
         # every row is a real step: same-step mode and no restarted worker (no device read)
         self.all_valid = self.same_step and "restarted" not in data
@@ -139,7 +162,11 @@ class RolloutStorage:
             self._after_done.copy_(done[-1])
         self.filled = True
 
-    def _checked(self, batch: Mapping[str, torch.Tensor], next_obs: torch.Tensor) -> Batch:
+    def _obs_names(self, prefix: str) -> list[tuple[str, str]]:
+        """(key, batch field) of each observation part: ("", prefix) or (key, prefix/key)."""
+        return [(k, f"{prefix}/{k}" if k else prefix) for k in self.obs_fields]
+
+    def _checked(self, batch: Mapping[str, torch.Tensor], next_obs: Obs) -> Batch:
         T, N = self.steps, self.num_envs
         if not isinstance(batch, Mapping):
             raise TypeError(f"batch: expected a dict of [T, N] tensors, got {type(batch).__name__}")
@@ -149,7 +176,9 @@ class RolloutStorage:
         want.update({"reward": ((T, N), None), "terminated": ((T, N), torch.bool),
                      "truncated": ((T, N), torch.bool)})  # fmt: skip
         if self.same_step:
-            want["final_obs"] = ((T, N, *self.spec["obs"].shape), self.spec["obs"].dtype)
+            for key, name in self._obs_names("final_obs"):
+                f = self.obs_fields[key]
+                want[name] = ((T, N, *f.shape), f.dtype)
         optional = {"restarted": ((T, N), torch.bool)}
         out: Batch = {}
         for name, (shape, dtype) in {**want, **optional}.items():
@@ -161,16 +190,29 @@ class RolloutStorage:
         if "reward" in out and not out["reward"].is_floating_point():
             raise TypeError(f"batch['reward']: expected a float tensor, got {out['reward'].dtype}")
         out["reward"] = out["reward"].float()
-        obs = self.spec["obs"]
-        out["next_obs"] = _field("next_obs", next_obs, (N, *obs.shape), obs.dtype, self.device)
+        if "" in self.obs_fields:
+            parts = {"": next_obs}
+        elif not isinstance(next_obs, Mapping):
+            raise TypeError(
+                f"next_obs: expected a dict of [N, ...] tensors (keys {sorted(self.obs_fields)}), "
+                f"got {type(next_obs).__name__}"
+            )
+        else:
+            parts = flat_keys(next_obs)
+        for key, name in self._obs_names("next_obs"):
+            if key not in parts:
+                raise ValueError(f"next_obs: missing key {key!r} (got {sorted(parts)})")
+            f = self.obs_fields[key]
+            out[name] = _field(name, parts[key], (N, *f.shape), f.dtype, self.device)
         return out
 
-    def flat(self, name: str) -> torch.Tensor:
-        """Field ``name`` with T and N merged: [T * N, ...] (a view; ``obs`` without row T)."""
+    def flat(self, name: str) -> Any:
+        """Field ``name`` with T and N merged: [T * N, ...] (a view; ``obs`` without row T; for
+        dict observations ``obs`` and ``final_obs`` are dicts of them by key)."""
         t = getattr(self, name)
         if name == "obs":
-            t = t[: self.steps]
-        return t.reshape(self.size, *t.shape[2:])
+            t = obs_map(lambda x: x[: self.steps], t)
+        return obs_map(lambda x: x.reshape(self.size, *x.shape[2:]), t)
 
     def minibatches(
         self, batch_size: int, generator: torch.Generator
@@ -197,7 +239,7 @@ class RolloutStorage:
         out = copy.copy(self)
         for name in _TENSORS:
             t = getattr(self, name)
-            setattr(out, name, None if t is None else t.to(device))
+            setattr(out, name, None if t is None else obs_map(lambda x: x.to(device), t))
         out.device = device
         return out
 
@@ -231,3 +273,47 @@ def _field(
             raise TypeError(f"{name}: expected {dtype}, got {value.dtype}")
         value = value.to(dtype)
     return value.to(device)
+
+
+def obs_fields(spec: Spec) -> dict[str, Field]:
+    """The observation's fields of a step spec: ``{"": spec["obs"]}``, or for a dict
+    observation (fields ``obs/<key>``, nested keys joined by ``/``) ``{key: field}``."""
+    if "obs" in spec:
+        return {"": spec["obs"]}
+    out = {n[len(DICT_PREFIX) :]: f for n, f in spec.items() if n.startswith(DICT_PREFIX)}
+    if not out:
+        raise ValueError(
+            f"spec: expected an 'obs' field (or obs/<key> fields of a dict observation), got "
+            f"{sorted(spec)}"
+        )
+    return out
+
+
+def flat_keys(obs: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A (nested) dict observation as ``{key: value}`` with nested keys joined by ``/``."""
+    out: dict[str, Any] = {}
+    for key, value in obs.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flat_keys(value, name + "/"))
+        else:
+            out[name] = value
+    return out
+
+
+def obs_map(fn: Any, obs: Obs) -> Obs:
+    """``fn`` applied to an observation tensor, or to each tensor of a dict observation."""
+    if isinstance(obs, Mapping):
+        return {k: fn(v) for k, v in obs.items()}
+    return fn(obs)
+
+
+def obs_tensors(obs: Obs | None) -> list[torch.Tensor]:
+    """The tensors of an observation (none for None)."""
+    if obs is None:
+        return []
+    return list(obs.values()) if isinstance(obs, Mapping) else [obs]
+
+
+def _obs_part(obs: Obs, key: str) -> torch.Tensor:
+    return obs if key == "" else obs[key]

@@ -185,7 +185,9 @@ def probe_env(env_id: str, history: int = 0) -> EnvInfo:
     if not isinstance(obs_space, gym.spaces.Box):
         raise ValueError(
             f"env {env_id}: observation space {obs_space} is not a Box; the training loop needs array "
-            "observations (wrap the env with gymnasium.wrappers.FlattenObservation)"
+            "observations (wrap the env with gymnasium.wrappers.FlattenObservation; in the "
+            "library, PPO takes the dict observations of batched torch envs: "
+            "PPO(rlstash.obs_shapes(space), ...) with a RolloutStorage)"
         )
     if history:
         if len(obs_space.shape) != 1:
