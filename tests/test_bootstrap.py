@@ -101,7 +101,7 @@ def test_mask_as_an_extra_field_of_a_stream_storage():
         store.extend({"obs": torch.full((2, 2), float(t)), "action": torch.tensor([t, t]),
                       "reward": torch.zeros(2), "terminated": torch.zeros(2, dtype=torch.bool),
                       "truncated": torch.zeros(2, dtype=torch.bool), "mask": bits})  # fmt: skip
-    got = store.read(np.array([0, 3, 8]))  # env 0 step 0 and 3, env 1 step 0
+    got = store.read(store.lanes.row(np.array([0, 0, 1]), np.array([0, 3, 0])))  # env, step
     want = torch.stack([drawn[0][0], drawn[3][0], drawn[0][1]])
     assert torch.equal(masks.unpack(got["mask"]), masks.unpack(want))
     assert store.backing.spec["mask"].row_bytes == 2

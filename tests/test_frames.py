@@ -88,7 +88,7 @@ def assert_same_reads(plain, packed, max_lost):
     lost = packed.lanes.alive_floor() - plain.lanes.alive_floor()
     assert (lost >= 0).all() and (lost <= max_lost).all(), lost
     k = plain.reads.frame_stack
-    lost_starts = (plain.valid & ~packed.valid).reshape(plain.num_envs, -1).sum(1)
+    lost_starts = (plain.valid & ~packed.valid).reshape(-1, plain.num_envs).sum(0)  # per lane
     assert (lost_starts <= max_lost + k - 1).all(), lost_starts
     idx = np.flatnonzero(packed.valid)
     assert idx.size > 0
@@ -176,13 +176,13 @@ def test_every_frame_is_decodable_after_its_reference_slot_is_reused():
     written = {}
     for c in range(57):
         fr = np.where(rng.random((N, 30)) < 0.8, 9, rng.integers(0, 256, (N, 30))).astype(np.uint8)
-        rows = np.arange(N) * L + c % L
+        rows = (c % L) * N + np.arange(N)  # the stream's slot-major rows
         arena.write(rows, fr)
         for e in range(N):
             written[(e, c)] = fr[e]
         for e in range(N):
             for s in range(int(arena.floor[e]), c + 1):
-                got = arena.gather(np.array([e * L + s % L]))
+                got = arena.gather(np.array([(s % L) * N + e]))
                 np.testing.assert_array_equal(got.reshape(-1), written[(e, s)])
     assert (arena.count - arena.floor >= 1).all()
 
@@ -269,7 +269,7 @@ def test_cli_plan_with_compression_equals_what_the_stream_allocates(capsys):
     arena = store.backing.arenas["obs"]
     allocated = sum(a.nbytes for a in arena.arrays().values())
     allocated += sum(t.untyped_storage().nbytes() for t in store.backing.tensors.values())
-    allocated += sum(getattr(store.lanes, k).nbytes for k in ("flags", "ep", "valid", "base"))
+    allocated += sum(getattr(store.lanes, k).nbytes for k in ("flags", "ep", "valid", "ids"))
     allocated += sum(getattr(store.lanes, k).nbytes for k in ("count", "floor", "next_ep"))
     allocated += store.lanes.reserved.nbytes + store.lanes.pending.nbytes + store._cut.nbytes
     assert p.place("ram").needed == p.total == allocated == store.nbytes
@@ -363,7 +363,7 @@ def test_a_corrupt_payload_is_an_error_naming_the_slot():
     feed([packed], frames, term, trunc, 10, False)
     arena = packed.backing.arenas["obs"]
     row = 5
-    arena.size[row] -= 3  # the payload cut short: lz4 refuses it
+    arena.size[arena.arena_rows(row)] -= 3  # the payload cut short: lz4 refuses it
     with pytest.raises(RuntimeError, match=r"payload of slot 5 is corrupt \(lz4 decoded"):
         arena.gather(np.array([row]))
 
@@ -392,7 +392,7 @@ def test_an_index_entry_outside_the_arena_is_an_error_not_a_read_past_it():
     _, packed = pair(FrameCompression("lz4", budget=1.0), N)
     feed([packed], frames, np.zeros((T, N), bool), np.zeros((T, N), bool), 10, False)
     arena = packed.backing.arenas["obs"]
-    arena.off[4] = arena.data.size - 2  # e.g. a state dict whose offsets do not fit
+    arena.off[arena.arena_rows(4)] = arena.data.size - 2  # e.g. offsets that do not fit
     with pytest.raises(RuntimeError, match=r"index entry of slot 4 is corrupt"):
         arena.gather(np.array([4]))
     with pytest.raises(ValueError, match="out: expected a C-contiguous uint8 array"):

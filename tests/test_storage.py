@@ -613,49 +613,6 @@ def test_gather_clips_instead_of_reading_out_of_bounds(storage):
     assert torch.equal(got["action"], b["action"][[CAP - 1, 3]])
 
 
-@pytest.mark.parametrize("start", [0, 3, 6])
-def test_write_lanes_equals_a_write_of_the_lane_rows(start):
-    """write_lanes (a StreamStorage's lanes in lockstep) writes what write() at rows
-    ``e * L + (start + t) % L`` writes, wrapping at the lane's end; a misfit is refused."""
-    spec = {
-        "x": Field((2,), torch.float32),
-        "a": Field((), torch.int64),
-        "h": Field((), torch.bfloat16),
-    }
-    lanes, L, T = 3, 8, 5
-    src = {
-        "x": torch.randn(T * lanes, 2),
-        "a": torch.arange(T * lanes),
-        "h": torch.randn(T * lanes).to(torch.bfloat16),
-    }
-    a, b = TensorStorage(spec, lanes * L), TensorStorage(spec, lanes * L)
-    a.write_lanes(lanes, start, src)
-    rows = (np.arange(lanes)[None, :] * L + (start + np.arange(T))[:, None] % L).reshape(-1)
-    b.write(rows, src)
-    for k in spec:
-        torch.testing.assert_close(a.tensors[k], b.tensors[k], msg=k)
-    for bad_start, bad_lanes in ((L, lanes), (0, 5)):
-        with pytest.raises(ValueError, match="write_lanes"):
-            a.write_lanes(bad_lanes, bad_start, src)
-    with pytest.raises(ValueError, match="missing"):
-        a.write_lanes(lanes, 0, {"x": src["x"]})
-
-
-def test_write_lanes_moves_bit_patterns_unchanged():
-    """Rows move as whole words (16 bytes of float32 as one complex128): NaN payloads,
-    signalling NaNs, -0.0 and denormals arrive bit for bit, whatever the row size."""
-    bits = np.array([0x7FC00001, 0x7F800001, 0x80000000, 0x00000001, 0xFF812345, 7], np.uint32)
-    for width in (1, 2, 3, 4, 6):  # rows of 4 .. 24 bytes
-        vals = np.resize(bits, 4 * 2 * width).view(np.float32).reshape(4 * 2, width)
-        spec = {"x": Field((width,), torch.float32)}
-        a = TensorStorage(spec, 4 * 4)
-        a.write_lanes(4, 3, {"x": torch.from_numpy(vals.copy())})
-        got = a.tensors["x"].view(torch.int32).numpy().view(np.uint32).reshape(4, 4, width)
-        want = vals.view(np.uint32).reshape(2, 4, width).transpose(1, 0, 2)
-        np.testing.assert_array_equal(got[:, 3], want[:, 0])  # lane position 3, then 0
-        np.testing.assert_array_equal(got[:, 0], want[:, 1])
-
-
 def test_put_rows_equals_a_fancy_assignment_bit_for_bit():
     """put_rows (rows moved as one numpy void each) writes what ``arr[index] = src`` writes:
     NaN payloads, -0.0 and denormals bit for bit, rows of 1..24 bytes and bool/uint8/int64

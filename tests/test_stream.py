@@ -176,8 +176,17 @@ class VecSim:
                     if log[s + j][1]:
                         break
                 if m is not None and (m == n or log[s + m - 1][1]) and s + m <= c - 1:
-                    valid[e * L + s % L] = True
+                    valid[(s % L) * self.n + e] = True  # slot-major rows
         return valid
+
+
+def by_lane(store, mask, lane=None):
+    """Rows where ``mask`` holds, lane by lane and in lane position order (rows are slot-major,
+    ``pos * N + lane``); only ``lane``'s when given."""
+    N, L = store.num_envs, store.lane_capacity
+    rows = np.arange(N * L).reshape(L, N).T  # [N, L] row of each lane position
+    rows = rows if lane is None else rows[lane : lane + 1]
+    return rows[mask[rows]]
 
 
 def make(n, L, autoreset="next_step", n_step=1, gamma=0.9, k=1, stacked=False, **kw):
@@ -593,9 +602,10 @@ def test_prioritized_sampler_follows_validity_as_the_stream_moves():
 
 def test_windows_follow_lanes_and_stay_in_one_episode():
     store, sim = _filled(n=2, L=12, n_step=1, k=1, steps=40)
-    L = store.lane_capacity
-    w = store.window(np.array([3, L + 10]), 4)
-    assert w.tolist() == [[3, 4, 5, 6], [L + 10, L + 11, L, L + 1]]  # wraps within its lane
+    L, N = store.lane_capacity, store.num_envs
+    w = store.window(np.array([3 * N, (L - 2) * N + 1]), 4)  # lane 0 pos 3, lane 1 pos L - 2
+    # slot-major rows (pos * N + lane): a window steps by N rows and wraps within its lane
+    assert w.tolist() == [[6, 8, 10, 12], [(L - 2) * N + 1, (L - 1) * N + 1, 1, N + 1]]
     ok = store.valid_windows(4)
     starts = np.flatnonzero(ok)
     assert starts.size
@@ -623,10 +633,14 @@ def test_sequence_sampler_with_window():
     for s in range(10):
         idx, _ = seq.sample(8, _ctx(store, s))
         rows = idx.reshape(-1, 4)
-        assert (rows // 16 == rows[:, :1] // 16).all(), "a window left its env's lane"
+        assert (rows % 4 == rows[:, :1] % 4).all(), "a window left its env's lane"  # pos * N + e
+        np.testing.assert_array_equal((rows[:, 1:] // 4 - rows[:, :-1] // 4) % 16, 1)
         assert store.valid[rows].all()
         got = store.read(rows)
         torch.testing.assert_close(got["next_obs"][:, :-1], got["obs"][:, 1:])
+        uid = got["uid"].numpy()  # env * 10**6 + step: one env's consecutive steps
+        assert (np.diff(uid, axis=1) == 1).all() and (uid[:, 0] // 10**6 == rows[:, 0] % 4).all()
+    assert (store.lanes.count > 16).all()  # the windows were drawn across the ring's wrap
 
 
 # ---------------------------------------------------------------------------- episodes cut
@@ -639,13 +653,13 @@ def test_end_episodes_truncates_at_the_last_stored_obs_and_never_stitches():
     sim.frames[0] = [frame(0, 99, 0)]  # a fresh episode
     for _ in range(4):
         store.extend(sim.step([0, 0]))
-    got = store.read(np.flatnonzero(store.valid[:16]))
+    got = store.read(by_lane(store, store.valid, lane=0))
     assert got["uid"].tolist() == [0, 1, 2, 3, 5]  # 4 is a final obs now; 5.. is a new episode
     assert got["truncated"].tolist() == [False, True, True, True, False]
     f = [frame(0, 0, t).tolist() for t in (3, 4, 4, 4)]
     assert got["next_obs"][:4].tolist() == f
     assert got["discount"].tolist() == [0.125, 0.125, 0.25, 0.5, 0.125]
-    assert store.read(np.array([16]))["uid"].item() == 10**6  # env 1 untouched
+    assert store.read(np.array([store.lanes.row(1, 0)]))["uid"].item() == 10**6  # env 1 untouched
 
 
 def test_end_episodes_with_the_final_obs_keeps_the_last_step_truncated():
@@ -657,7 +671,7 @@ def test_end_episodes_with_the_final_obs_keeps_the_last_step_truncated():
         store.end_episodes(final_obs=np.zeros((1, 2), np.int64))
     shown = np.stack([sim.view(0), sim.view(1)])  # what each env showed, never extended
     store.end_episodes(final_obs=shown)
-    got = store.read(np.flatnonzero(store.valid))
+    got = store.read(by_lane(store, store.valid))
     assert got["uid"].tolist() == [0, 1, 2, 10**6, 10**6 + 1]
     assert got["truncated"].tolist() == [False, True, True, False, False]
     assert got["terminated"].tolist() == [False, False, False, True, True]

@@ -125,7 +125,11 @@ def frame_fields(spec: Spec, obs_keys: list[str]) -> list[str]:
 
 
 class FrameArena:
-    """One frame field of every lane, compressed in a per-lane ring log (module docstring)."""
+    """One frame field of every lane, compressed in a per-lane ring log (module docstring).
+
+    It takes the stream's rows (slot-major, :class:`~rlstash.storage.lanes.Lanes`) and keeps
+    its index lane-major (:meth:`arena_rows`), so a lane's entries and its log stay together
+    and its saved arrays do not depend on the stream's row layout."""
 
     def __init__(
         self, frame_shape: tuple[int, ...], num_envs: int, L: int, comp: FrameCompression
@@ -151,11 +155,21 @@ class FrameArena:
         self._addr = self.data.ctypes.data  # the arena's address (decode_into reads there)
         self._scratch = np.zeros((0, F), np.uint8)  # decoded deltas of a read, reused
 
+    def arena_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The stream's slot-major rows (``pos * N + lane``) as this arena's own lane-major
+        slot indices (``lane * L + pos``: each lane's index entries side by side, as its log)."""
+        return rows % self.N * self.L + rows // self.N
+
+    def stream_row(self, i: int) -> int:
+        """The stream's row of the arena's slot index ``i`` (what errors name)."""
+        return i % self.L * self.N + i // self.L
+
     # ------------------------------------------------------------------ writing
     def write(self, rows: np.ndarray, frames: np.ndarray) -> None:
-        """Append ``frames`` [R, F] at ``rows`` [R]: each lane's rows must continue its ring
-        (in any order across and within lanes: they are put in slot order)."""
+        """Append ``frames`` [R, F] at the stream's ``rows`` [R]: each lane's rows must
+        continue its ring (in any order across and within lanes: they are put in slot order)."""
         L = self.L
+        rows = self.arena_rows(rows)
         lane = rows // L
         rel = (rows % L - self.count[lane] % L) % L  # [R] slots after the lane's newest
         if np.bincount(lane, minlength=self.N).max() <= L:
@@ -224,8 +238,8 @@ class FrameArena:
 
     # ------------------------------------------------------------------ reading
     def gather(self, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Frames of ``rows`` [P, j] (each row's frames a forward run of one lane, as frame
-        stacks) or [P] -> uint8 [*rows.shape, *frame] (into ``out`` when given).
+        """Frames of the stream's ``rows`` [P, j] (each row's frames a forward run of one
+        lane, as frame stacks) or [P] -> uint8 [*rows.shape, *frame] (into ``out`` when given).
 
         Without delta coding every frame is a key: each is decoded on its own, straight into
         the output (raw ones with one numpy gather). With delta coding each run decodes in one
@@ -241,12 +255,16 @@ class FrameArena:
                 f"got {out.dtype} {out.shape} (contiguous: {out.flags.c_contiguous})"
             )
         dst = None if out is None else out.reshape(-1, self.F)
+        return self._gather(self.arena_rows(np.asarray(rows)), dst, shape)
+
+    def _gather(self, rows: np.ndarray, dst: np.ndarray | None, shape: tuple) -> np.ndarray:
+        """:meth:`gather` of the arena's own slot indices ``rows`` into ``dst`` [Q, F]."""
         if self.comp.chain == 1:
             return self._keys(rows.reshape(-1), dst).reshape(shape)
         runs = rows.reshape(len(rows), -1) if rows.ndim else rows.reshape(1, 1)
         walk = self._walks(runs)
         if walk is None:  # some run is not a forward run of one lane: each row on its own
-            return self.gather(rows.reshape(-1, 1), out).reshape(shape)
+            return self._gather(rows.reshape(-1, 1), dst, shape)
         walk_rows, pick = walk  # [W], [P, j] index into the walk
         if not self.depth[walk_rows].any():  # keys only
             return self._keys(walk_rows[pick.reshape(-1)], dst).reshape(shape)
@@ -318,7 +336,7 @@ class FrameArena:
         if len(rows) and (start.min() < 0 or end.max() > self.data.size or size.min() < 0):
             bad = int(np.flatnonzero((start < 0) | (end > self.data.size) | (size < 0))[0])
             raise RuntimeError(
-                f"FrameArena: the index entry of slot {int(rows[bad])} is corrupt (payload "
+                f"FrameArena: the index entry of slot {self.stream_row(int(rows[bad]))} is corrupt (payload "
                 f"bytes {int(start[bad])}..{int(end[bad])} outside the arena's {self.data.size})"
             )
         assert out.flags.c_contiguous and out.dtype == np.uint8 and out.shape[1:] == (F,)
@@ -328,7 +346,7 @@ class FrameArena:
         if done.count(F) != len(done):
             bad = next(i for i, n in enumerate(done) if n != F)
             raise RuntimeError(
-                f"FrameArena: the payload of slot {int(rows[bad])} is corrupt ({self.comp.codec} "
+                f"FrameArena: the payload of slot {self.stream_row(int(rows[bad]))} is corrupt ({self.comp.codec} "
                 f"decoded {done[bad]} bytes, expected {F})"
             )
 

@@ -28,15 +28,17 @@ def _wrap(p: np.ndarray, L: int) -> np.ndarray:
 class Lanes:
     """Ring bookkeeping of ``num_envs`` lanes of ``L`` slots, all in small numpy arrays.
 
-    Slot number ``s`` of lane ``e`` (its ``s``-th slot ever) lives at row ``e * L + s % L``;
-    the lane holds slot numbers ``[alive_floor, count)`` with ``alive_floor =
-    max(floor, count - L)``. ``valid`` is kept equal to :meth:`valid_starts` of every alive
-    slot by :meth:`refresh` after each step.
+    Slot-major rows: slot number ``s`` of lane ``e`` (its ``s``-th slot ever) lives at row
+    ``(s % L) * N + e`` (:meth:`row`; ``lane = row % N``, position ``row // N``), so the N
+    lanes' slots of one lockstep step are one contiguous block of rows. The lane holds slot
+    numbers ``[alive_floor, count)`` with ``alive_floor = max(floor, count - L)``. ``valid``
+    is kept equal to :meth:`valid_starts` of every alive slot by :meth:`refresh` after each
+    step. Per-slot arrays viewed ``[L, N]`` (:meth:`grid`) are position-major.
     """
 
     def __init__(self, num_envs: int, L: int, n_step: int, frame_stack: int) -> None:
         self.num_envs, self.L, self.n, self.k = num_envs, L, n_step, frame_stack
-        self.base = np.arange(num_envs, dtype=np.int64) * L  # first row of each lane
+        self.ids = np.arange(num_envs, dtype=np.int64)  # lane numbers (row = pos * N + lane)
         self.count = np.zeros(num_envs, np.int64)  # slots ever written to the lane
         self.floor = np.zeros(num_envs, np.int64)  # oldest slot number that may be alive
         self.next_ep = np.zeros(num_envs, np.int64)  # episode position of the next slot (k > 1)
@@ -50,7 +52,7 @@ class Lanes:
     @staticmethod
     def plan_bytes(num_envs: int, L: int) -> int:
         """Exact bytes of the arrays :class:`Lanes` allocates: ``flags``, ``ep`` and ``valid``
-        (1 byte per slot each) and, per lane, ``base``, ``count``, ``floor``, ``next_ep``,
+        (1 byte per slot each) and, per lane, ``ids``, ``count``, ``floor``, ``next_ep``,
         ``reserved`` (int64) and ``pending`` (bool)."""
         return 3 * num_envs * L + (5 * 8 + 1) * num_envs
 
@@ -70,6 +72,14 @@ class Lanes:
     def alive_floor(self) -> np.ndarray:
         return np.maximum(self.floor, self.count - self.L)  # [N]
 
+    def row(self, lane: Any, seq: Any) -> Any:
+        """Row of slot number (or unwrapped lane position) ``seq`` of ``lane`` (broadcast)."""
+        return seq % self.L * self.num_envs + lane
+
+    def grid(self, a: np.ndarray) -> np.ndarray:
+        """A per-slot array viewed ``[L, N]`` (position, lane): a view, no copy."""
+        return a.reshape(self.L, self.num_envs)
+
     # ------------------------------------------------------------------ writing
     def plan(self, term: np.ndarray, trunc: np.ndarray, same_step: bool) -> dict[str, Any]:
         """Where a chunk of ``T`` steps of the N lanes goes (``term``/``trunc`` bool [T, N]);
@@ -77,7 +87,8 @@ class Lanes:
 
         Every step takes one slot per lane for its obs: ``rows``, ``bits`` and ``ep`` [T, N]
         (``cols`` [T]: the lane position of every lane when all lanes are in lockstep, as
-        next-step chunks keep them; else None). Next-step: the step after one that ended an
+        next-step chunks keep them, so step ``t`` is the rows ``[cols[t] * N, (cols[t] + 1)
+        * N)``; else None). Next-step: the step after one that ended an
         episode holds the final obs, a slot that is no start (its flags are dropped).
         Same-step: each ended step is followed by a final-obs slot of its own: ``fin_rows``
         and ``fin_ep`` [D] for the ended steps ``ended`` [D] (flat ``t * N + e``, in step
@@ -110,9 +121,9 @@ class Lanes:
             plan["grow"] = np.full(N, T, np.int64)
             if (start == start[0]).all():
                 plan["cols"] = (start[0] + np.arange(T)) % L
-                plan["rows"] = self.base + plan["cols"][:, None]
+                plan["rows"] = plan["cols"][:, None] * N + self.ids
             else:
-                plan["rows"] = self.base + _wrap(start + np.arange(T)[:, None], L)  # T <= L
+                plan["rows"] = _wrap(start + np.arange(T)[:, None], L) * N + self.ids  # T <= L
             return plan
         off = np.empty((T, N), np.int64)  # lane position of each step's obs slot (unwrapped)
         off[0] = start
@@ -122,8 +133,8 @@ class Lanes:
         plan["grow"] = off[T - 1] - start + 1 + done[T - 1]
         at = plan["ended"] = np.flatnonzero(done)
         fin = off.reshape(-1)[at] + 1  # off[t] + 1 < start + 2T <= start + L: below 2L
-        plan["rows"] = self.base + _wrap(off, L)
-        plan["fin_rows"] = self.base[at % N] + _wrap(fin, L)
+        plan["rows"] = _wrap(off, L) * N + self.ids
+        plan["fin_rows"] = _wrap(fin, L) * N + at % N
         plan["fin_ep"] = np.minimum(ep[:T].reshape(-1)[at] + 1, self.k - 1).astype(np.uint8)
         return plan
 
@@ -182,13 +193,13 @@ class Lanes:
     def valid_starts(self, lane: np.ndarray, seq: np.ndarray) -> np.ndarray:
         """Whether alive slot number ``seq`` of ``lane`` (both [P]) is a valid start: a start
         whose frame history is alive and whose bootstrap slot ``seq + m`` is written."""
-        L, n = self.L, self.n
-        count, base = self.count[lane], self.base[lane]
-        row = base + seq % L
+        n = self.n
+        count = self.count[lane]
+        row = self.row(lane, seq)
         ok = (self.flags[row] & START) != 0
         ok &= seq - self.ep[row] >= self.alive_floor()[lane]  # frame history still present
         sj = seq[:, None] + np.arange(n)  # [P, n]
-        d = ((self.flags[base[:, None] + sj % L] & DONE) != 0) & (sj < count[:, None])
+        d = ((self.flags[self.row(lane[:, None], sj)] & DONE) != 0) & (sj < count[:, None])
         m = np.where(d.any(1), d.argmax(1) + 1, n)  # steps summed
         return ok & (seq + m <= count - 1)
 
@@ -206,26 +217,26 @@ class Lanes:
         self.version += 1
 
     def _refresh_newest(self, lanes: np.ndarray, W: int, every: bool) -> None:
-        """``valid`` of the newest ``W <= L`` slots of ``lanes`` [S], lane-major [S, W].
+        """``valid`` of the newest ``W <= L`` slots of ``lanes`` [S], as [S, W] (lane, slot).
 
         Slot ``w`` (``seq = count - W + w``) is valid when it is a start, its frame history is
         alive and its bootstrap slot ``w + m`` is written (``w + m <= W - 1``), where ``m`` is
         1 + the first j < n with a done slot ``w + j``, or n. Slots of the window that are
         not alive (before the floor, or before the lane's first slot: rows not written since)
         get False at their own row: with W <= L no two slots of a window share a row. When
-        ``every`` lane is refreshed and all are in lockstep, the window is a column slice of
-        the ``[N, L]`` views (no row indices)."""
-        L, n, k = self.L, self.n, self.k
+        ``every`` lane is refreshed and all are in lockstep, the window is a block of rows of
+        the ``[L, N]`` views, seen transposed (no row indices)."""
+        L, N, n, k = self.L, self.num_envs, self.n, self.k
         count, floor = self.count[lanes], self.alive_floor()[lanes]
         start = (count - W) % L  # lane position of each window's first slot
         c0 = int(start[0])
         lockstep = bool((start == c0).all())
         if every and lockstep and c0 + W <= L:
-            win: Any = (slice(None), slice(c0, c0 + W))
-            fl, ep, valid = (a.reshape(-1, L)[win] for a in (self.flags, self.ep, self.valid))
+            win: Any = slice(c0 * N, (c0 + W) * N)
+            fl, ep, valid = (a[win].reshape(W, N).T for a in (self.flags, self.ep, self.valid))
         else:
             pos = _wrap((c0 if lockstep else start[:, None]) + np.arange(W), L)  # W <= L
-            win = self.base[lanes][:, None] + pos  # [S, W] rows
+            win = pos * N + lanes[:, None]  # [S, W] rows
             fl, ep, valid = self.flags[win], None, self.valid
         ok = (fl & START) != 0
         if ((count - W - (k - 1)) < floor).any():  # some frame history may be gone
@@ -263,33 +274,31 @@ class Lanes:
         lane = np.broadcast_to(lanes[:, None], seq.shape)
         alive = seq < count[:, None]
         lane, seq = lane[alive], seq[alive]
-        self.valid[self.base[lane] + seq % self.L] = self.valid_starts(lane, seq)
+        self.valid[self.row(lane, seq)] = self.valid_starts(lane, seq)
 
     def recompute(self) -> None:
         """``valid`` of every slot from scratch; slots not alive are cleared."""
         L, count, floor = self.L, self.count[:, None], self.alive_floor()[:, None]
         seq = count - 1 - ((count - 1 - np.arange(L)) % L)  # [N, L] slot number at each row
-        lane = np.broadcast_to(np.arange(self.num_envs)[:, None], seq.shape)
+        lane = np.broadcast_to(self.ids[:, None], seq.shape)
         alive = seq >= floor
         self.valid[:] = False
-        self.valid[self.base[lane[alive]] + seq[alive] % L] = self.valid_starts(
-            lane[alive], seq[alive]
-        )
-        self.flags[~alive.reshape(-1)] = 0
+        self.valid[self.row(lane[alive], seq[alive])] = self.valid_starts(lane[alive], seq[alive])
+        self.grid(self.flags)[~alive.T] = 0  # [N, L] by lane and position -> [L, N] rows
         self.version += 1
 
     def plan_finals(self, sel: np.ndarray) -> dict[str, np.ndarray]:
         """Final-obs slots for the lanes of ``sel`` whose last slot is a start: ``keep`` [S]
         marks them, ``rows`` [K] are the new slots. A pending (next-step, done) lane keeps its
         flags; any other last start is truncated there (``trunc_rows``)."""
-        c, L = self.count[sel], self.L
-        last = self.base[sel] + (c - 1) % L
+        c = self.count[sel]
+        last = self.row(sel, c - 1)
         keep = (c - 1 >= self.alive_floor()[sel]) & ((self.flags[last] & START) != 0)
         lanes = sel[keep]
         return dict(
             keep=keep,
             lanes=lanes,
-            rows=self.base[lanes] + self.count[lanes] % L,
+            rows=self.row(lanes, self.count[lanes]),
             ep=np.minimum(self.next_ep[lanes], self.k - 1),
             trunc_rows=last[keep & ~self.pending[sel]],
         )
@@ -311,10 +320,10 @@ class Lanes:
     def drop_before(self, floor: np.ndarray) -> None:
         """Slots below ``floor`` [N] (slot numbers per lane) are gone (a compressed frame
         arena reused their bytes): they stop being alive and no start may need them."""
-        old, L = self.alive_floor(), self.L
+        old = self.alive_floor()
         sel = np.flatnonzero(floor > old)
         for e in sel:
-            rows = self.base[e] + np.arange(old[e], floor[e]) % L
+            rows = self.row(e, np.arange(old[e], floor[e]))
             self.flags[rows], self.valid[rows] = 0, False
         if sel.size:
             self.floor[sel] = floor[sel]
@@ -330,10 +339,10 @@ class Lanes:
         self.refresh(sel)
 
     def _drop_last(self, sel: np.ndarray, back: int) -> None:
-        floor, L = self.alive_floor(), self.L
+        floor = self.alive_floor()
         for e in sel:
-            c, f, base = int(self.count[e]) - back + 1, int(floor[e]), int(self.base[e])
-            last, prev = base + (c - 1) % L, base + (c - 2) % L
+            c, f = int(self.count[e]) - back + 1, int(floor[e])
+            last, prev = self.row(int(e), c - 1), self.row(int(e), c - 2)
             if c - 1 >= f and self.flags[last] & START:
                 self.flags[last] = WRITTEN  # its step's result was never stored
                 if c - 2 >= f and self.flags[prev] & START:
@@ -346,7 +355,7 @@ class Lanes:
         for e in range(self.num_envs):
             lo, hi = max(self.count[e] - L, self.floor[e]), self.reserved[e] - L
             if hi > lo:
-                self.flags[self.base[e] + np.arange(lo, hi) % L] = 0
+                self.flags[self.row(e, np.arange(lo, hi))] = 0
             self.floor[e] = max(self.floor[e], hi, 0)
         self.recompute()
 
@@ -354,42 +363,42 @@ class Lanes:
     def nstep(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """For valid starts [P]: rows of their n steps [P, n], steps summed m [P], flags of
         step ``t + m - 1`` [P] and the bootstrap slot's row [P]."""
-        L, n = self.L, self.n
-        base, pos = flat // L * L, flat % L
+        N, n = self.num_envs, self.n
+        lane, pos = flat % N, flat // N
         if n == 1:  # one step: m = 1, its own flags, the next slot
             return (
                 flat[:, None],
                 np.ones(flat.shape, np.int64),
                 self.flags[flat],
-                base + (pos + 1) % L,
+                self.row(lane, pos + 1),
             )
-        steps = base[:, None] + (pos[:, None] + np.arange(n)) % L  # [P, n]
+        steps = self.row(lane[:, None], pos[:, None] + np.arange(n))  # [P, n]
         d = (self.flags[steps] & DONE) != 0
         m = np.where(d.any(1), d.argmax(1) + 1, n)  # [P]
-        return steps, m, self.flags[base + (pos + m - 1) % L], base + (pos + m) % L
+        return steps, m, self.flags[self.row(lane, pos + m - 1)], self.row(lane, pos + m)
 
     def frame_rows(self, rows: np.ndarray) -> np.ndarray:
         """Rows of the k frames of the obs at ``rows`` [P] -> [P, k] (oldest first; before the
         episode's first frame, that frame repeated) or [P] when k == 1."""
-        k, L = self.k, self.L
+        k, N = self.k, self.num_envs
         if k == 1:
             return rows
-        base, pos = rows // L * L, rows % L
+        lane, pos = rows % N, rows // N
         back = np.minimum(
             np.arange(k - 1, -1, -1)[None, :], self.ep[rows][:, None].astype(np.int64)
         )
-        return base[:, None] + (pos[:, None] - back) % L  # [P, k]
+        return self.row(lane[:, None], pos[:, None] - back)  # [P, k]
 
     def shifts_by_one(self, rows: np.ndarray, nxt: np.ndarray) -> bool:
         """Whether every ``nxt`` is the slot right after ``rows`` in the same episode, so the
         frames of ``nxt`` are those of ``rows`` shifted by one (frame_rows(nxt)[:, j] ==
         frame_rows(rows)[:, j + 1], padding included: ep(nxt) = min(ep(rows) + 1, k - 1))."""
-        L = self.L
-        follows = nxt == rows // L * L + (rows % L + 1) % L
+        follows = nxt == self.row(rows % self.num_envs, rows // self.num_envs + 1)
         ep, ep_next = self.ep[rows].astype(np.int64), self.ep[nxt].astype(np.int64)
         return bool(follows.all() and (ep_next == np.minimum(ep + 1, self.k - 1)).all())
 
     def window(self, starts: np.ndarray, length: int) -> np.ndarray:
         """Rows of ``length`` consecutive steps of each start's lane: [B] -> [B, length]."""
         s = np.asarray(starts, dtype=np.int64)
-        return (s // self.L * self.L)[:, None] + (s[:, None] % self.L + np.arange(length)) % self.L
+        N = self.num_envs
+        return self.row((s % N)[:, None], (s // N)[:, None] + np.arange(length))

@@ -468,22 +468,6 @@ def put_rows(arr: np.ndarray, index: Any, src: np.ndarray) -> None:
     arr[index] = src
 
 
-_WORDS = ((16, torch.complex128), (8, torch.int64), (4, torch.int32), (2, torch.int16))
-
-
-def _whole_rows(dst: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``dst`` and ``src`` (same dtype, rows of the same shape) as ``[rows, words]`` of the
-    widest word that divides a row's bytes: a strided copy of rows of 4 float32 runs ~4x
-    faster as one complex128 per row than as 4 floats. Bit patterns only, nothing computed."""
-    row = dst[0].numel() * dst.element_size() if len(dst) else 0
-    word = next((w for size, w in _WORDS if row % size == 0), torch.uint8)
-    src = src.contiguous()
-    return (
-        dst.reshape(len(dst), -1).view(torch.uint8).view(word),
-        src.reshape(len(src), -1).view(torch.uint8).view(word),
-    )
-
-
 def _as_tensor(src: torch.Tensor | np.ndarray) -> torch.Tensor:
     return src if isinstance(src, torch.Tensor) else torch.from_numpy(np.asarray(src))
 
@@ -597,40 +581,6 @@ class TensorStorage(ArrayStorage):
         return (
             f"TensorStorage({self.spec!r}, capacity={self.capacity}, device={str(self.device)!r})"
         )
-
-    def write_lanes(self, lanes: int, start: int, batch: Batch) -> None:
-        """Write ``T`` consecutive rows into each of ``lanes`` equal parts of the rows: row
-        ``e * L + (start + t) % L`` (``L = capacity // lanes``) gets row ``t * lanes + e`` of
-        ``batch`` (fields ``[T * lanes, *shape]``, already valid for the spec, ``T <= L``).
-
-        The layout of a :class:`~rlstash.storage.stream.StreamStorage`'s lanes, written by one
-        strided copy per field (two where the run wraps) instead of a scatter of rows.
-        """
-        self._check_open()
-        L = self.capacity // lanes
-        rows = len(next(iter(batch.values())))
-        T = rows // lanes
-        if L * lanes != self.capacity or T * lanes != rows or T > L or not 0 <= start < L:
-            raise ValueError(
-                f"write_lanes: {rows} rows of {lanes} lanes from position {start} do not fit "
-                f"lanes of {L} rows (capacity {self.capacity})"
-            )
-        try:
-            srcs = [_as_tensor(batch[k]).to(self.device) for k in self.tensors]
-        except KeyError as exc:
-            raise ValueError(f"batch: field {exc.args[0]!r} is missing") from None
-        a = min(T, L - start)  # rows before the run wraps to the lane's start
-        if self.order is not None:
-            self.order.before_write()
-        for t, src in zip(self.tensors.values(), srcs):
-            dst, src = _whole_rows(t, src.to(t.dtype))
-            dst = dst.view(lanes, L, -1)
-            src = src.view(T, lanes, -1).transpose(0, 1)  # [lanes, T, words]
-            dst[:, start : start + a].copy_(src[:, :a])
-            if a < T:
-                dst[:, : T - a].copy_(src[:, a:])
-        if self.order is not None:
-            self.order.after_write()
 
     def state_dict(self) -> dict[str, Any]:
         """``{"kind", "spec", "capacity", "device", "data"}``; CPU data are references, not copies."""

@@ -1,13 +1,16 @@
 """StreamStorage: each env's experience as a lane of observation slots (invariant I5).
 
-Env ``e`` owns the lane of rows ``[e * L, (e + 1) * L)`` (``L = capacity // num_envs``), a
-ring of slots. A slot holds one observation (the newest frame only, when frames are
+Env ``e`` owns a lane of ``L = capacity // num_envs`` slots, a ring. The rows are
+slot-major: lane position ``p`` of env ``e`` is row ``p * N + e``, so the N lanes' slots of one
+step are one contiguous block of rows (saves made before are converted or refused with the
+fix: :mod:`rlstash.storage.stream_layout`). A slot holds one observation (the newest frame only, when frames are
 stacked) and, when a step was taken from it, that step's action, reward and extra fields.
 The slot after a step holds the next observation; the final observation of an episode takes
 a slot of its own that is no valid transition start. ``next_obs``, ``done``, frame stacks and
 n-step returns are rebuilt on read, so nothing is stored twice::
 
     lane e:  o0 a0 r0 | o1 a1 r1 (terminated) | o2 = final obs (no start) | o0' a0' r0' | ...
+    rows:    e           N + e                    2N + e                      3N + e
 
 Autoreset conventions of ``extend`` (one vectorized step of N envs, or a ``[T, N]`` chunk):
 
@@ -44,7 +47,7 @@ consecutive steps follow the lanes through :meth:`window`.
 A ``[T, N]`` chunk is one write, not T: its ``terminated``/``truncated`` reach the host once
 (views on the CPU; one blocking device-to-host copy for both on a GPU, the write path's only
 host read), :class:`~rlstash.storage.lanes.Lanes` plans the T steps with row operations over
-the N lanes, and the slots are written in one call (one strided copy per field while the
+the N lanes, and the slots are written in one call (one contiguous copy per field while the
 lanes move in lockstep, as next-step chunks keep them). The write path lives in
 :mod:`rlstash.storage.stream_write`, the read path in :mod:`rlstash.storage.stream_read`.
 
@@ -82,6 +85,13 @@ from rlstash.storage import stream_write as write
 from rlstash.storage.frames import FrameBacking, FrameCompression, frame_fields, frame_plan_bytes
 from rlstash.storage.lanes import LANE_KEYS, TERM, TRUNC, WRITTEN, Lanes
 from rlstash.storage.ram import TensorStorage, as_spec
+from rlstash.storage.stream_layout import (
+    LANE_MAJOR,
+    LAYOUT,
+    convert_state,
+    refuse_lane_major,
+    saved_layout,
+)
 from rlstash.storage.stream_write import NPZ
 
 BOOKKEEPING_BYTES = 3  # per slot: flags, episode position (clipped), valid
@@ -263,10 +273,14 @@ class StreamStorage:
         return FrameBacking(self.slot_spec, self.lanes, comp, keys, overcommit)
 
     def _check_dir(self, path: Path) -> bool:
-        """True when ``path`` holds a stream to resume; refuses a plain MemmapStorage."""
+        """True when ``path`` holds a stream to resume; refuses a plain MemmapStorage and a
+        stream saved in another row layout (before anything there is opened)."""
         from rlstash.storage.disk_layout import META
 
         resume = (path / NPZ).exists()
+        if resume:
+            with np.load(path / NPZ) as z:
+                refuse_lane_major(path, json.loads(str(z["config"])))
         if (path / META).exists() and not resume:
             raise ValueError(
                 f"path: {path} holds a MemmapStorage without {NPZ}: it is not a StreamStorage "
@@ -325,6 +339,7 @@ class StreamStorage:
             "autoreset": self.autoreset,
             "reads": asdict(self.reads),
             "stacked_input": self.stacked_input,
+            "layout": LAYOUT,
             **({"frames": self.compression.to_dict()} if self.compression else {}),
         }
 
@@ -363,10 +378,10 @@ class StreamStorage:
         """bool[capacity]: starts whose ``length`` consecutive steps are all valid starts (so
         the window stays within one episode). Cached until ``valid`` changes."""
         if self._windows[:2] != (self.lanes.version, length):
-            v = self.valid.reshape(self.num_envs, self.lane_capacity)
+            v = self.lanes.grid(self.valid)  # [L, N]: a lane's next step is the next row
             w = v.copy()
             for j in range(1, length):
-                w &= np.roll(v, -j, axis=1)
+                w &= np.roll(v, -j, axis=0)
             self._windows = (self.lanes.version, length, w.reshape(-1))
         return self._windows[2]
 
@@ -497,11 +512,22 @@ class StreamStorage:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load a :meth:`state_dict` of a stream with the same settings (checked first).
 
-        Sampling then matches the saved stream; the next ``extend`` starts new episodes.
+        Sampling then matches the saved stream; the next ``extend`` starts new episodes. A
+        save of the older lane-major layout is converted (:mod:`~rlstash.storage.stream_layout`).
         """
         self._check_open()
-        if state.get("config") != self._config():
+        cfg = dict(state.get("config") or {})
+        layout = saved_layout(cfg)
+        cfg["layout"] = LAYOUT
+        if cfg != self._config():
             raise ValueError("state: it belongs to a StreamStorage with other settings")
+        if layout not in (LAYOUT, LANE_MAJOR):
+            raise ValueError(
+                f"state: row layout {layout!r}; this rlstash reads {LAYOUT!r} (and converts "
+                f"{LANE_MAJOR!r} saves): load it with the rlstash that saved it"
+            )
+        if layout == LANE_MAJOR:
+            state = convert_state(state, self.num_envs, self.lane_capacity)
         check = Lanes(self.num_envs, self.lane_capacity, 1, 1)
         for k in LANE_KEYS:  # every shape checked before anything changes
             if np.shape(state["lanes"][k]) != getattr(check, k).shape:

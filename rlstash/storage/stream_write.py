@@ -5,8 +5,8 @@ lanes and written into the backing storage's slots.
 A chunk is one write, not T: its ``terminated``/``truncated`` reach the host once (views on
 the CPU; one blocking device-to-host copy for both on a GPU, the write path's only host
 read), :meth:`~rlstash.storage.lanes.Lanes.plan` places the T steps with row operations over
-the N lanes, and the slots are written in one call (one strided copy per field while the
-lanes move in lockstep, as next-step chunks keep them). A disk stream saves its bookkeeping
+the N lanes, and the slots are written in one call (one contiguous copy per field while the
+lanes move in lockstep, as next-step chunks keep them: rows are slot-major). A disk stream saves its bookkeeping
 (:func:`persist`) before a chunk passes the slots the last save vouched for.
 
 The functions take the stream as their first argument; the stream's methods call them.
@@ -25,7 +25,6 @@ import torch
 from rlstash.atomic import write_atomic
 from rlstash.spec import Batch, Spec
 from rlstash.storage.lanes import Lanes
-from rlstash.storage.ram import TensorStorage
 
 if TYPE_CHECKING:
     from rlstash.storage.stream import StreamStorage
@@ -157,14 +156,31 @@ def write_chunk(store: StreamStorage, data: Batch, final: Batch | None, T: int) 
         rows = np.concatenate([rows, plan["fin_rows"]])
         step = {n: torch.cat([step[n], fins[n]]) for n in store.slot_spec}
         fins = None
-    if plan["cols"] is not None and isinstance(store.backing, TensorStorage):
-        store.backing.write_lanes(N, int(plan["cols"][0]), step)  # lanes in lockstep
+    if plan["cols"] is not None and store.compression is None:  # lanes in lockstep
+        write_block(store, int(plan["cols"][0]), T, step)
     else:
         store.backing.write(rows, step, validate=False)
     if fins is not None:
         store.backing.write(plan["fin_rows"], fins, validate=False)
     lanes.commit(plan)
     return lanes.written_order(plan)
+
+
+def write_block(store: StreamStorage, col: int, T: int, step: Batch) -> None:
+    """Write ``T`` lockstep steps (fields ``[T * N, ...]``, time-major) from lane position
+    ``col`` on: slot-major rows make them the rows ``[col * N, (col + T) * N)`` of the ring,
+    one contiguous block per field (two where the steps wrap past the lanes' end)."""
+    N, L = store.num_envs, store.lane_capacity
+    a = min(T, L - col)  # steps before the ring wraps
+    if a == T:
+        store.backing.write(slice(col * N, (col + T) * N), step, validate=False)
+        return
+    store.backing.write(
+        slice(col * N, L * N), {k: v[: a * N] for k, v in step.items()}, validate=False
+    )
+    store.backing.write(
+        slice(0, (T - a) * N), {k: v[a * N :] for k, v in step.items()}, validate=False
+    )
 
 
 def write_restarted(

@@ -193,9 +193,8 @@ def test_stream_storage_takes_batched_batches_as_they_are(mode, reads):
     got = store.read(starts)
     ref = naive_transitions(batches, mode, reads)
     assert len(starts) == len(ref) > 50
-    lane = store.lane_capacity
     for j, s in enumerate(starts):
-        e, slot = divmod(int(s), lane)
+        slot, e = divmod(int(s), n)  # slot-major rows: position * N + env
         want = ref[(e, slot)]
         for k in ("obs", "next_obs", "action", "reward", "terminated", "truncated", "discount"):
             torch.testing.assert_close(got[k][j], want[k], msg=k)

@@ -1,0 +1,152 @@
+"""Row layouts of :class:`~rlstash.storage.stream.StreamStorage` saves, and the conversion
+of saves made before slot-major rows.
+
+Since ``layout = "slot_major"`` (saved in the stream's config: ``stream.npz`` beside a disk
+stream, ``state_dict()["config"]`` of a RAM one) slot number ``s`` of lane ``e`` lives at row
+``(s % L) * N + e``: the N lanes' slots of one step are one contiguous block of rows. Saves
+without a ``layout`` key are *lane-major*, rows ``e * L + s % L`` (rlstash before it).
+
+* A lane-major ``state_dict`` (RAM, or compressed frames) is converted when it is loaded
+  (one permutation of the rows of each field and of the per-slot flags, in memory).
+* A lane-major disk directory is refused when it is opened (its data would have to be
+  rewritten): :func:`convert_lane_major` copies it once into a new directory, slot-major,
+  leaving the old one as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+LAYOUT = "slot_major"  # rows (s % L) * N + e
+LANE_MAJOR = "lane_major"  # rows e * L + s % L: saves without a "layout" key
+PER_SLOT = ("flags", "ep")  # lane arrays with one entry per row
+CHUNK_BYTES = 64 << 20  # disk conversion: rows copied per step, at most about this many bytes
+
+
+def saved_layout(config: Mapping[str, Any]) -> str:
+    """The row layout of a saved stream's config (no key: lane-major, the old format)."""
+    return str(config.get("layout", LANE_MAJOR))
+
+
+def lane_to_slot_major(a: Any, num_envs: int, L: int) -> Any:
+    """Rows of a lane-major array or tensor ``[N * L, ...]`` in slot-major order (a copy)."""
+    if isinstance(a, torch.Tensor):
+        return a.reshape(num_envs, L, *a.shape[1:]).transpose(0, 1).reshape(a.shape).clone()
+    a = np.asarray(a)
+    return np.ascontiguousarray(a.reshape(num_envs, L, *a.shape[1:]).swapaxes(0, 1)).reshape(
+        a.shape
+    )
+
+
+def convert_state(state: Mapping[str, Any], num_envs: int, L: int) -> dict[str, Any]:
+    """A lane-major stream ``state_dict`` rewritten slot-major (the input is not changed):
+    the backing's rows (a TensorStorage's data, or the plain fields of compressed frames,
+    whose arenas keep their own per-lane order) and the per-slot lane arrays."""
+    from rlstash.storage.disk_layout import read_data
+
+    def rows(backing: Mapping[str, Any]) -> dict[str, Any]:
+        data = backing.get("data")
+        if data is None and "path" in backing:  # a MemmapStorage state: read its files
+            data = read_data(backing)
+        if not isinstance(data, Mapping):
+            raise ValueError("state: a lane-major save without backing data cannot be converted")
+        out = {k: v for k, v in backing.items() if k != "path"}
+        out["data"] = {k: lane_to_slot_major(v, num_envs, L) for k, v in data.items()}
+        out["kind"] = "TensorStorage" if backing.get("kind") == "MemmapStorage" else out["kind"]
+        return out
+
+    backing = dict(state["backing"])
+    if backing.get("kind") == "FrameBacking":
+        backing["plain"] = rows(backing["plain"])
+    else:
+        backing = rows(backing)
+    lanes = dict(state["lanes"])
+    for k in PER_SLOT:
+        lanes[k] = lane_to_slot_major(lanes[k], num_envs, L)
+    config = {**state["config"], "layout": LAYOUT}
+    return {**state, "config": config, "backing": backing, "lanes": lanes}
+
+
+def refuse_lane_major(path: Path, config: Mapping[str, Any]) -> None:
+    """The ValueError for a disk stream saved in another layout, naming the fix."""
+    layout = saved_layout(config)
+    if layout == LAYOUT:
+        return
+    if layout == LANE_MAJOR:
+        raise ValueError(
+            f"path: the stream at {path} was saved by an older rlstash in the lane-major row "
+            f"layout (its stream.npz has no 'layout'); this rlstash stores streams slot-major. "
+            f"Convert it once into a new directory with rlstash.storage.stream_layout."
+            f"convert_lane_major({str(path)!r}, <new directory>) (the old one is left as it "
+            "is), then open the new one"
+        )
+    raise ValueError(
+        f"path: the stream at {path} has row layout {layout!r}; this rlstash reads {LAYOUT!r} "
+        f"(and converts {LANE_MAJOR!r} saves): open it with the rlstash that wrote it"
+    )
+
+
+def convert_lane_major(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Copy the lane-major disk stream at ``src`` into a new slot-major one at ``dst``.
+
+    ``src`` is only read (a stream directory whose ``stream.npz`` has no ``layout``; its
+    writer must be closed). ``dst`` must not exist or be empty. The copy holds exactly the
+    transitions that reopening ``src`` would have held; open it with ``StreamStorage(...,
+    backing="disk", path=dst)`` and the same settings (or ``ReplayBuffer.load`` of a
+    checkpoint, after pointing it at ``dst``). Returns ``dst`` as an absolute path.
+    """
+    from rlstash.spec import Spec
+    from rlstash.storage.disk_layout import open_maps
+    from rlstash.storage.lanes import LANE_KEYS
+    from rlstash.storage.stream import ReadSpec, StreamStorage
+    from rlstash.storage.stream_write import NPZ
+
+    src, dst = Path(src).absolute(), Path(dst).absolute()
+    if not (src / NPZ).exists():
+        raise ValueError(f"src: {src} holds no {NPZ}: it is not a StreamStorage directory")
+    if dst.exists() and any(dst.iterdir()):
+        raise ValueError(f"dst: {dst} is not empty; give a new or an empty directory")
+    with np.load(src / NPZ) as z:
+        cfg = json.loads(str(z["config"]))
+        arrays = {k: np.array(z[k]) for k in LANE_KEYS}
+    if saved_layout(cfg) != LANE_MAJOR:
+        raise ValueError(f"src: the stream at {src} is already {saved_layout(cfg)!r}")
+    N, cap = int(cfg["num_envs"]), int(cfg["capacity"])
+    L = cap // N
+    kw = dict(autoreset=cfg["autoreset"], reads=ReadSpec(**cfg["reads"]))
+    store = StreamStorage(
+        Spec.from_dict(cfg["spec"]), N, cap, "disk", path=dst,
+        stacked_input=cfg["stacked_input"], **kw,
+    )  # fmt: skip
+    try:
+        old = open_maps(src, store.slot_spec, cap, "r")
+        row_bytes = max(1, sum(f.row_bytes for f in store.slot_spec.values()))
+        step = max(1, CHUNK_BYTES // (row_bytes * N))  # lane positions per copy
+        for p in range(0, L, step):
+            q = min(L, p + step)
+            part = {
+                k: torch.from_numpy(
+                    np.ascontiguousarray(a.reshape(N, L, *a.shape[1:])[:, p:q].swapaxes(0, 1))
+                ).reshape((q - p) * N, *a.shape[1:])
+                for k, a in old.items()
+            }
+            part = {k: v.view(store.slot_spec[k].dtype) for k, v in part.items()}
+            store.backing.write(slice(p * N, q * N), part, validate=False)
+        for k in PER_SLOT:
+            arrays[k] = lane_to_slot_major(arrays[k], N, L)
+        store.lanes.load(arrays)
+        store.lanes.drop_unvouched()  # as reopening src would: slots it may have overwritten
+        store.flush()
+    finally:
+        store.close()
+    return dst
+
+
+__all__ = ["LAYOUT", "convert_lane_major", "convert_state", "lane_to_slot_major"]
