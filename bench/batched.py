@@ -143,9 +143,10 @@ def _bound_setup(n: int, device: str) -> tuple[Any, torch.Tensor, torch.Tensor, 
 
 def copy_bound(n: int, device: str, steps: int) -> common.Run:
     """run(k): the env stepped with the bank's actions, each step's outputs copied into a
-    [steps, N] batch and each batch copied into lanes (``TensorStorage.write_lanes``): the
-    bytes any collector + stream storage must move under the contract (the env may reuse
-    its buffers, the batch is the caller's), with no bookkeeping at all."""
+    [steps, N] batch and each batch copied into the ring's slot-major rows (one block write per
+    field, as StreamStorage writes a lockstep chunk): the bytes a collector that returns a
+    batch + a stream storage move (the env may reuse its buffers, the batch is the caller's),
+    with no bookkeeping at all."""
     env, obs, bank, slots = _bound_setup(n, device)
     lanes, cursor, state = TensorStorage(slots, n * 64, device), [0], [obs]
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
@@ -169,7 +170,8 @@ def copy_bound(n: int, device: str, steps: int) -> common.Run:
                 te[t].copy_(term)
                 tr[t].copy_(trunc)
             flat = {f: out[f].reshape(n * steps, *out[f].shape[2:]) for f in slots}
-            lanes.write_lanes(n, cursor[0] % 64, flat)
+            at = cursor[0] % 64 * n  # 64 is a multiple of steps: the block never wraps
+            lanes.write(slice(at, at + n * steps), flat, validate=False)
             cursor[0] = (cursor[0] + steps) % 64
         sync()
 
@@ -178,10 +180,8 @@ def copy_bound(n: int, device: str, steps: int) -> common.Run:
 
 def slot_major_bound(n: int, device: str, steps: int) -> common.Run:
     """run(k): the env stepped with the bank's actions, each step's outputs copied once,
-    straight into rows ``pos * N + e`` of a ring (the N envs' slots of one step contiguous).
-    Not a layout rlstash has: StreamStorage keeps each env's slots contiguous (rows ``e * L +
-    pos``), so every step's write there is strided over N lanes. What the copies would cost if
-    the stream were stored slot-major; flags go to a [steps, N] buffer; no bookkeeping."""
+    straight into rows ``pos * N + e`` of a ring (the N envs' slots of one step contiguous:
+    StreamStorage's slot-major layout); flags go to a [steps, N] buffer; no bookkeeping."""
     env, obs, bank, slots = _bound_setup(n, device)
     ring = TensorStorage(slots, n * 64, device)
     rows = {k: t.view(64, n, *t.shape[1:]) for k, t in ring.tensors.items()}  # [pos, N, ...]
