@@ -222,6 +222,19 @@ class ReplayBuffer:
             return np.arange(index.start, index.stop, dtype=np.int64)
         return index
 
+    def open_steps(self, T: int) -> Any:
+        """Slots for ``T`` steps that a collector fills in place
+        (:meth:`StreamStorage.open_steps <rlstash.storage.stream.StreamStorage.open_steps>`),
+        committed under this buffer's lock with the sampler told, as :meth:`extend` does; None
+        where the storage cannot take them so (then ``extend`` a batch)."""
+        opener = getattr(self.storage, "open_steps", None) if self._placed else None
+        if opener is None:
+            return None
+        with self._lock:
+            self._check_open()
+            slots = opener(T)
+        return None if slots is None else _LockedSteps(self, slots)
+
     def _after_write(self, index: Index, batch: dict[str, Any], srcs: list[Any]) -> None:
         """After a fast-path write (``storage.exact_sources`` + ``put``, under the lock): the
         disk cursor, then the sampler (given tensors unless it accepts numpy arrays)."""
@@ -513,6 +526,25 @@ def _host_numpy(value: Any, name: str) -> np.ndarray:
         return np.asarray(value)
     except Exception as exc:  # noqa: BLE001
         raise TypeError(f"{name}: expected a tensor or array, got {type(value).__name__}") from exc
+
+
+class _LockedSteps:
+    """A stream's :class:`~rlstash.storage.stream_direct.StepSlots` whose commit takes the
+    replay buffer's lock and tells its sampler, as :meth:`ReplayBuffer.extend` does."""
+
+    def __init__(self, rb: ReplayBuffer, slots: Any) -> None:
+        self.rb, self.slots, self.T = rb, slots, slots.T
+
+    def step(self, t: int) -> dict[str, torch.Tensor]:
+        return self.slots.step(t)
+
+    def commit(self, terminated: torch.Tensor, truncated: torch.Tensor) -> np.ndarray:
+        rb = self.rb
+        with rb._lock:
+            rb._check_open()
+            index = self.slots.commit(terminated, truncated)
+            rb.sampler.on_write(index, rb.storage.step_flags(index))
+        return index
 
 
 __all__ = ["ReplayBuffer", "Transform", "sampler_from_state"]

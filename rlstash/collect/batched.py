@@ -33,6 +33,7 @@ import torch
 
 from rlstash.device import CudaOps
 from rlstash.spec import Batch
+from rlstash.storage.stream_direct import check_step_fields
 
 FINAL_KEYS = (("final_obs", "_final_obs"), ("final_observation", "_final_observation"))
 
@@ -178,11 +179,15 @@ class EpisodeLog:
             a[...] = 0
         self.rows.clear()
 
-    def add(self, reward: torch.Tensor, done: torch.Tensor, next_step: bool) -> None:
-        """Record the episodes ended in a batch of rewards and end flags ``[T, N]``."""
+    def add(self, reward: Any, done: torch.Tensor, next_step: bool) -> None:
+        """Record the episodes ended in a batch of rewards and end flags ``[T, N]`` (the
+        rewards may be a list of T tensors ``[N]``: rows of a storage, not copied on the CPU)."""
         if self.xp is _Numpy:
-            self._add_rows(reward.numpy(), done.numpy(), next_step)
+            rows = [r.numpy() for r in reward] if isinstance(reward, list) else reward.numpy()
+            self._add_rows(rows, done.numpy(), next_step)
             return
+        if isinstance(reward, list):
+            reward = torch.stack(reward)
         if next_step:  # the step after an end is a reset step: it belongs to no episode
             live = ~self.xp.cat([self.after_done[None], done[:-1]])
             self.after_done = done[-1].copy() if self.xp is _Numpy else done[-1].clone()
@@ -191,13 +196,13 @@ class EpisodeLog:
         ret, length, self.carry = episode_ends(self.xp, reward, done, live, self.carry)
         self.rows.append((done, ret, length))
 
-    def _add_rows(self, reward: np.ndarray, done: np.ndarray, next_step: bool) -> None:
+    def _add_rows(self, reward: Any, done: np.ndarray, next_step: bool) -> None:
         """The CPU: T row operations over N envs in place (no [T, N] temporaries, whose
         allocation costs more than the arithmetic); finished episodes in step order."""
         ret, length = self.carry
         out_r, out_l = [], []
-        live = np.ones(reward.shape[1], bool)
-        for t in range(reward.shape[0]):
+        live = np.ones(done.shape[1], bool)
+        for t in range(done.shape[0]):
             if next_step:  # the step after an end is a reset step: no episode's
                 np.logical_not(self.after_done, out=live)
                 ret += reward[t] * live
@@ -337,12 +342,14 @@ class BatchedPath:
         return actions
 
     @torch.no_grad()
-    def collect(self, policy: Any, steps: int) -> Batch:
-        """``steps`` env steps; returns the ``[T, N, ...]`` batch on the env's device."""
+    def collect(self, policy: Any, steps: int, actions: torch.Tensor | None = None) -> Batch:
+        """``steps`` env steps; returns the ``[T, N, ...]`` batch on the env's device
+        (``actions``: the policy's actions for the current observations, when already made)."""
         if self.obs is None:
             raise RuntimeError("collect: reset() first")
         obs, fields = self.obs, self.fields
-        actions = self._act(policy, obs)
+        if actions is None:
+            actions = self._act(policy, obs)
         out = self._allocate(steps, fields, actions)
         o_t = {k: out[k].unbind(0) for k in fields}  # per-step views of the batch
         a_t, r_t, term_t, trunc_t = (
@@ -370,6 +377,44 @@ class BatchedPath:
         if "final_missing" in out:
             _refuse_missing_final(out.pop("final_missing"))
         return out
+
+    @torch.no_grad()
+    def collect_into(self, policy: Any, steps: int, target: Any) -> np.ndarray:
+        """``steps`` env steps stored in ``target``: each step's observation, action and
+        reward copied once, straight into the slots ``target.open_steps`` gives (a stream's
+        rows: :mod:`rlstash.storage.stream_direct`), the flags into a small ``[2, T, N]``
+        buffer; where that is not possible (same-step mode, another storage, other dtypes),
+        ``target.extend`` of the batch. Returns the slots written."""
+        if self.obs is None:
+            raise RuntimeError("collect: reset() first")
+        obs, fields = self.obs, self.fields
+        actions = self._act(policy, obs)
+        opener = None if self.same_step else getattr(target, "open_steps", None)
+        slots = None if opener is None else opener(steps)
+        if slots is None or check_step_fields(slots.step(0), fields, actions) is not None:
+            return target.extend(self.collect(policy, steps, actions))
+        flags = torch.empty((2, steps, self.num_envs), dtype=torch.bool, device=self.device)
+        rewards = []
+        for t in range(steps):
+            row = slots.step(t)
+            if t:
+                actions = self._act(policy, obs)
+            for k, v in fields.items():
+                row[k].copy_(v)  # before the step: an env may reuse its buffers
+            row["action"].copy_(actions)
+            next_obs, reward, term, trunc, _ = self.env.step(actions)
+            if t == 0:
+                for name, value in (("reward", reward), ("terminated", term), ("truncated", trunc)):
+                    self._check(name, value)
+            row["reward"].copy_(reward)
+            flags[0, t].copy_(term)
+            flags[1, t].copy_(trunc)
+            rewards.append(row["reward"])
+            obs, fields = next_obs, self._check_obs("observations", "obs", next_obs)
+        self.obs, self.fields = obs, fields
+        self.log.add(rewards, flags[0] | flags[1], True)  # before the rows can be rewritten
+        self.log.flush()
+        return slots.commit(flags[0], flags[1])
 
     def _allocate(self, T: int, fields: dict[str, torch.Tensor], actions: torch.Tensor) -> Batch:
         dev, n = self.device, self.num_envs

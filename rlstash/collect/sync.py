@@ -157,6 +157,25 @@ class Collector:
             actions = actions.to("cpu")  # blocking device->host copy: complete when it returns
         return actions.numpy()
 
+    def collect_into(self, target: Any) -> np.ndarray:
+        """Collect one batch into ``target`` (a StreamStorage, a ReplayBuffer over one, or
+        anything with ``extend``); returns the slots written.
+
+        A batched env with next-step autoreset writes each step straight into the stream's
+        slots: one copy per field and step, no ``[T, N]`` batch (the stream's rows are
+        slot-major, so a step of all envs is one block; :mod:`rlstash.storage.stream_direct`).
+        Otherwise, and where the stream cannot take steps so, ``target.extend(self.collect())``.
+        """
+        if self._obs is None:
+            self.reset()
+        if self.batched is None:
+            return target.extend(self.collect())
+        T, N = self.steps_per_batch, self.num_envs
+        index = self.batched.collect_into(self.policy, T, target)
+        self._obs = self.batched.obs
+        self.frames += T * N
+        return index
+
     def collect(self) -> Batch:
         """Step every env ``frames_per_batch / num_envs`` times; return a [T, N] batch."""
         if self._obs is None:

@@ -138,6 +138,19 @@ class Lanes:
         plan["fin_ep"] = np.minimum(ep[:T].reshape(-1)[at] + 1, self.k - 1).astype(np.uint8)
         return plan
 
+    def vacate(self, T: int) -> None:
+        """Lanes in lockstep, before ``T`` steps are written into their next slots in place
+        (:mod:`rlstash.storage.stream_direct`): the oldest slots those steps overwrite stop
+        being alive now, and no start keeps frame history in them."""
+        L = self.L
+        pos = (int(self.count[0]) + np.arange(T)) % L
+        self.grid(self.flags)[pos] = 0
+        self.grid(self.valid)[pos] = False
+        np.maximum(self.floor, self.count + T - L, out=self.floor)
+        if self.k > 1:
+            self._refresh_oldest(self.ids)
+        self.version += 1
+
     def _next_ep(self, cut: np.ndarray) -> np.ndarray:
         """``next_ep`` after a chunk with cuts ``cut`` [T, N]: T - 1 - (the last cut step), or
         next_ep + T where no step was cut. With k == 1 every position is clipped to 0, so

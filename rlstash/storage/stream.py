@@ -85,6 +85,7 @@ from rlstash.storage import stream_write as write
 from rlstash.storage.frames import FrameBacking, FrameCompression, frame_fields, frame_plan_bytes
 from rlstash.storage.lanes import LANE_KEYS, TERM, TRUNC, WRITTEN, Lanes
 from rlstash.storage.ram import TensorStorage, as_spec
+from rlstash.storage.stream_direct import StepSlots, open_steps
 from rlstash.storage.stream_layout import (
     LANE_MAJOR,
     LAYOUT,
@@ -431,6 +432,13 @@ class StreamStorage:
         in order (same-step autoreset also writes a final-obs slot per ended episode).
         """
         return write.extend(self, batch)
+
+    def open_steps(self, T: int) -> StepSlots | None:
+        """Slots for ``T`` next-step steps of all lanes that a collector fills in place, one
+        ``[N, ...]`` block of rows per field and step, then commits (``extend`` without the
+        batch); None where this stream cannot take them so. See
+        :mod:`rlstash.storage.stream_direct`."""
+        return open_steps(self, T)
 
     def end_episodes(self, envs: Any = None, final_obs: Any = None) -> None:
         """End the current episode of the lanes ``envs`` (all by default; indices or a bool mask).

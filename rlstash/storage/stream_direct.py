@@ -1,0 +1,122 @@
+"""Steps written straight into a :class:`~rlstash.storage.stream.StreamStorage`'s slots.
+
+A collector of a batched torch env (:meth:`~rlstash.collect.sync.Collector.collect_into`)
+copies each env step's observation, action and reward once, into the rows the stream gives
+it, instead of into a ``[T, N]`` batch that ``extend`` then copies again. With slot-major
+rows the N lanes' slots of one lockstep step are one contiguous block, so each step is one
+contiguous copy per field::
+
+    slots = store.open_steps(T)           # None: not possible here, use extend
+    for t in range(T):
+        row = slots.step(t)               # {"obs": [N, ...], "action": [N, ...], "reward": [N]}
+        row["obs"].copy_(obs); ...; obs, reward, term, trunc, _ = env.step(actions)
+        row["reward"].copy_(reward); term_t[t], trunc_t[t] = term, trunc
+    index = slots.commit(term_t, trunc_t) # the lanes' bookkeeping: as extend of the batch
+
+Possible for a stream with next-step autoreset whose lanes are in lockstep, on the CPU, in a
+plain (RAM or disk) backing, without stacked input or frame compression, and whose stored
+fields are exactly the obs fields, ``action`` and ``reward``. The slots the T steps
+overwrite stop being alive when :func:`open_steps` returns (a sampler never reads a row
+while it is rewritten); :meth:`StepSlots.commit` then records the steps as ``extend`` would.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from rlstash.storage.stream_write import host_flags, reserve
+
+if TYPE_CHECKING:
+    from rlstash.storage.stream import StreamStorage
+
+
+class StepSlots:
+    """The slots of ``T`` lockstep steps of every lane, from lane position ``col`` on."""
+
+    def __init__(self, store: StreamStorage, T: int, col: int) -> None:
+        self.store, self.T, self.col = store, T, col
+        N, L = store.num_envs, store.lane_capacity
+        tensors = store.backing.tensors
+        self._grid = {k: tensors[k].view(L, N, *tensors[k].shape[1:]) for k in store.slot_spec}
+        self._open = True
+
+    def step(self, t: int) -> dict[str, torch.Tensor]:
+        """Step ``t``'s slots of the N lanes: one ``[N, ...]`` view of the rows per field."""
+        if not 0 <= t < self.T:
+            raise IndexError(f"t: expected a step in [0, {self.T}), got {t}")
+        pos = (self.col + t) % self.store.lane_capacity
+        return {k: g[pos] for k, g in self._grid.items()}
+
+    def commit(self, terminated: torch.Tensor, truncated: torch.Tensor) -> np.ndarray:
+        """Record the ``T`` steps (their slots filled): ``terminated``/``truncated`` bool
+        ``[T, N]``. Returns the slots written, in order, as ``extend`` does."""
+        if not self._open:
+            raise RuntimeError("StepSlots.commit: already committed")
+        store, N = self.store, self.store.num_envs
+        shape = (self.T, N)
+        for name, v in (("terminated", terminated), ("truncated", truncated)):
+            if not isinstance(v, torch.Tensor) or v.dtype != torch.bool or tuple(v.shape) != shape:
+                got = f"{v.dtype} {list(v.shape)}" if isinstance(v, torch.Tensor) else type(v)
+                raise ValueError(
+                    f"{name}: expected a bool tensor of shape {list(shape)}, got {got}"
+                )
+        store._check_open()
+        term, trunc = host_flags(terminated.reshape(-1), truncated.reshape(-1), self.T, N)
+        plan = store.lanes.plan(term, trunc, False)
+        if plan["cols"] is None or int(plan["cols"][0]) != self.col:  # pragma: no cover
+            raise RuntimeError("StepSlots.commit: the stream was written since open_steps")
+        self._open = False
+        store.lanes.commit(plan)
+        return store.lanes.written_order(plan)
+
+
+def open_steps(store: StreamStorage, T: int) -> StepSlots | None:
+    """Slots for ``T`` steps written in place (module docstring), or None where the stream
+    cannot take them so (then collect a batch and ``extend`` it)."""
+    store._check_open()
+    lanes, L = store.lanes, store.lane_capacity
+    tensors = getattr(store.backing, "tensors", None)
+    if (
+        store.autoreset != "next_step"
+        or store.stacked_input
+        or store.compression is not None
+        or not tensors
+        or store.device.type != "cpu"
+        or not 1 <= T <= L
+        or set(store.slot_spec) != {*store.obs_keys, "action", "reward"}
+        or any(not t.is_contiguous() for t in tensors.values())
+    ):
+        return None
+    if store._cut.any():  # after a resume or a load: new envs, new episodes (as extend)
+        store.end_episodes(store._cut.copy())
+    start = lanes.count % L
+    if not (start == start[0]).all():  # lanes drifted (a final obs of end_episodes)
+        return None
+    reserve(store, np.arange(store.num_envs), T)  # disk: the save vouches for these slots
+    lanes.vacate(T)
+    return StepSlots(store, T, int(start[0]))
+
+
+def check_step_fields(
+    row: dict[str, torch.Tensor], fields: dict[str, Any], actions: Any
+) -> str | None:
+    """Why the observations ``fields`` (by field name) and ``actions`` of a collector cannot
+    be copied as they are into a step's slots ``row`` (:meth:`StepSlots.step`: other fields,
+    dtype, shape or device), or None."""
+    given = {**fields, "action": actions}
+    want = set(row) - {"reward"}
+    if set(given) != want:
+        return f"fields {sorted(given)}, the stream's {sorted(want)}"
+    for k, v in given.items():
+        dst = row[k]
+        if not isinstance(v, torch.Tensor) or v.dtype != dst.dtype or v.shape != dst.shape:
+            return f"{k}: {getattr(v, 'dtype', type(v))} {list(getattr(v, 'shape', []))}"
+        if v.device != dst.device:
+            return f"{k}: on {v.device}"
+    return None
+
+
+__all__ = ["StepSlots", "check_step_fields", "open_steps"]
