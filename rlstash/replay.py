@@ -538,6 +538,9 @@ class _LockedSteps:
     def step(self, t: int) -> dict[str, torch.Tensor]:
         return self.slots.step(t)
 
+    def step_arrays(self, t: int) -> dict[str, np.ndarray]:
+        return self.slots.step_arrays(t)
+
     def commit(self, terminated: torch.Tensor, truncated: torch.Tensor) -> np.ndarray:
         rb = self.rb
         with rb._lock:

@@ -33,6 +33,7 @@ import torch
 
 from rlstash.device import CudaOps
 from rlstash.spec import Batch
+from rlstash.storage.ram import numpy_view
 from rlstash.storage.stream_direct import check_step_fields
 
 FINAL_KEYS = (("final_obs", "_final_obs"), ("final_observation", "_final_observation"))
@@ -181,13 +182,14 @@ class EpisodeLog:
 
     def add(self, reward: Any, done: torch.Tensor, next_step: bool) -> None:
         """Record the episodes ended in a batch of rewards and end flags ``[T, N]`` (the
-        rewards may be a list of T tensors ``[N]``: rows of a storage, not copied on the CPU)."""
+        rewards may be a list of T tensors or arrays ``[N]``: rows of a storage, not copied
+        on the CPU)."""
         if self.xp is _Numpy:
-            rows = [r.numpy() for r in reward] if isinstance(reward, list) else reward.numpy()
+            rows = [np.asarray(r) for r in reward] if isinstance(reward, list) else reward.numpy()
             self._add_rows(rows, done.numpy(), next_step)
             return
         if isinstance(reward, list):
-            reward = torch.stack(reward)
+            reward = torch.stack([torch.as_tensor(r) for r in reward])
         if next_step:  # the step after an end is a reset step: it belongs to no episode
             live = ~self.xp.cat([self.after_done[None], done[:-1]])
             self.after_done = done[-1].copy() if self.xp is _Numpy else done[-1].clone()
@@ -393,28 +395,29 @@ class BatchedPath:
         slots = None if opener is None else opener(steps)
         if slots is None or check_step_fields(slots.step(0), fields, actions) is not None:
             return target.extend(self.collect(policy, steps, actions))
-        flags = torch.empty((2, steps, self.num_envs), dtype=torch.bool, device=self.device)
+        flags = np.empty((2, steps, self.num_envs), bool)  # the direct path is on the CPU
         rewards = []
         for t in range(steps):
-            row = slots.step(t)
+            row = slots.step_arrays(t)  # numpy views of the stream's rows
             if t:
                 actions = self._act(policy, obs)
             for k, v in fields.items():
-                row[k].copy_(v)  # before the step: an env may reuse its buffers
-            row["action"].copy_(actions)
+                np.copyto(row[k], numpy_view(v))  # before the step: an env may reuse its buffers
+            np.copyto(row["action"], numpy_view(actions))
             next_obs, reward, term, trunc, _ = self.env.step(actions)
             if t == 0:
                 for name, value in (("reward", reward), ("terminated", term), ("truncated", trunc)):
                     self._check(name, value)
-            row["reward"].copy_(reward)
-            flags[0, t].copy_(term)
-            flags[1, t].copy_(trunc)
+            np.copyto(row["reward"], numpy_view(reward), casting="same_kind")
+            np.copyto(flags[0, t], numpy_view(term), casting="unsafe")
+            np.copyto(flags[1, t], numpy_view(trunc), casting="unsafe")
             rewards.append(row["reward"])
             obs, fields = next_obs, self._check_obs("observations", "obs", next_obs)
         self.obs, self.fields = obs, fields
-        self.log.add(rewards, flags[0] | flags[1], True)  # before the rows can be rewritten
+        self.log.add(rewards, torch.from_numpy(flags[0] | flags[1]), True)  # before the rows move
         self.log.flush()
-        return slots.commit(flags[0], flags[1])
+        terminated, truncated = torch.from_numpy(flags[0]), torch.from_numpy(flags[1])
+        return slots.commit(terminated, truncated)
 
     def _allocate(self, T: int, fields: dict[str, torch.Tensor], actions: torch.Tensor) -> Batch:
         dev, n = self.device, self.num_envs

@@ -107,10 +107,12 @@ class Lanes:
         else:
             pend = np.empty((T + 1, N), bool)  # pend[t]: step t's obs is a final obs
             pend[0] = self.pending
-            for t in range(T):
-                np.greater(done[t], pend[t], out=pend[t + 1])  # done, and not a reset step
+            pend[1:] = done  # as the recursion below when no reset step reports an end
+            if (done & pend[:T]).any():
+                for t in range(T):
+                    np.greater(done[t], pend[t], out=pend[t + 1])  # done, and not a reset step
             cut, pending = pend[:T], pend[T].copy()
-            bits[cut] = WRITTEN
+            bits &= ~(cut.view(np.uint8) * np.uint8(0xFF ^ WRITTEN))  # final obs: WRITTEN only
         ep = self._positions(cut)
         start = self.count % L
         plan: dict[str, Any] = dict(
@@ -193,9 +195,14 @@ class Lanes:
     def commit(self, plan: Mapping[str, Any]) -> None:
         """Record a planned chunk (its data are written) and update ``valid``."""
         rows = plan["rows"].reshape(-1)
-        self.flags[rows] = plan["bits"].reshape(-1)
-        if self.k > 1:  # else every position is 0 (clipped to k - 1)
-            self.ep[rows] = plan["ep"].reshape(-1)
+        if plan["cols"] is not None:  # lockstep: whole rows of the [L, N] grids
+            self.grid(self.flags)[plan["cols"]] = plan["bits"]
+            if self.k > 1:
+                self.grid(self.ep)[plan["cols"]] = plan["ep"]
+        else:
+            self.flags[rows] = plan["bits"].reshape(-1)
+            if self.k > 1:  # else every position is 0 (clipped to k - 1)
+                self.ep[rows] = plan["ep"].reshape(-1)
         if plan["ended"].size:
             self.flags[plan["fin_rows"]], self.ep[plan["fin_rows"]] = WRITTEN, plan["fin_ep"]
         self.count += plan["grow"]
@@ -237,20 +244,22 @@ class Lanes:
         1 + the first j < n with a done slot ``w + j``, or n. Slots of the window that are
         not alive (before the floor, or before the lane's first slot: rows not written since)
         get False at their own row: with W <= L no two slots of a window share a row. When
-        ``every`` lane is refreshed and all are in lockstep, the window is a block of rows of
-        the ``[L, N]`` views, seen transposed (no row indices)."""
+        ``every`` lane is refreshed and all are in lockstep, the window is W whole rows of the
+        ``[L, N]`` grids (a slice of them, or two where it wraps), seen transposed."""
         L, N, n, k = self.L, self.num_envs, self.n, self.k
         count, floor = self.count[lanes], self.alive_floor()[lanes]
         start = (count - W) % L  # lane position of each window's first slot
         c0 = int(start[0])
         lockstep = bool((start == c0).all())
-        if every and lockstep and c0 + W <= L:
-            win: Any = slice(c0 * N, (c0 + W) * N)
-            fl, ep, valid = (a[win].reshape(W, N).T for a in (self.flags, self.ep, self.valid))
+        grid_rows: Any = None
+        if every and lockstep:
+            grid_rows = slice(c0, c0 + W) if c0 + W <= L else _wrap(c0 + np.arange(W), L)
+            win: Any = None
+            fl, ep = self.grid(self.flags)[grid_rows].T, self.grid(self.ep)[grid_rows].T
         else:
             pos = _wrap((c0 if lockstep else start[:, None]) + np.arange(W), L)  # W <= L
             win = pos * N + lanes[:, None]  # [S, W] rows
-            fl, ep, valid = self.flags[win], None, self.valid
+            fl, ep = self.flags[win], None
         ok = (fl & START) != 0
         if ((count - W - (k - 1)) < floor).any():  # some frame history may be gone
             seq = count[:, None] + np.arange(-W, 0)
@@ -259,10 +268,10 @@ class Lanes:
             ok[:, W - 1] = False
         else:
             ok &= self._reach(fl, W)
-        if ep is None:
-            valid[win] = ok
+        if grid_rows is None:
+            self.valid[win] = ok
         else:
-            valid[...] = ok
+            self.grid(self.valid)[grid_rows] = ok.T
 
     def _reach(self, fl: np.ndarray, W: int) -> np.ndarray:
         """[S, W]: the bootstrap slot ``w + m`` of slot ``w`` of a window of flags ``fl`` is

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from rlstash.storage.ram import numpy_view
 from rlstash.storage.stream_write import host_flags, reserve
 
 if TYPE_CHECKING:
@@ -41,14 +42,24 @@ class StepSlots:
         N, L = store.num_envs, store.lane_capacity
         tensors = store.backing.tensors
         self._grid = {k: tensors[k].view(L, N, *tensors[k].shape[1:]) for k in store.slot_spec}
+        self._arrays = {k: numpy_view(g) for k, g in self._grid.items()}  # the same memory
         self._open = True
+
+    def _pos(self, t: int) -> int:
+        if not 0 <= t < self.T:
+            raise IndexError(f"t: expected a step in [0, {self.T}), got {t}")
+        return (self.col + t) % self.store.lane_capacity
 
     def step(self, t: int) -> dict[str, torch.Tensor]:
         """Step ``t``'s slots of the N lanes: one ``[N, ...]`` view of the rows per field."""
-        if not 0 <= t < self.T:
-            raise IndexError(f"t: expected a step in [0, {self.T}), got {t}")
-        pos = (self.col + t) % self.store.lane_capacity
+        pos = self._pos(t)
         return {k: g[pos] for k, g in self._grid.items()}
+
+    def step_arrays(self, t: int) -> dict[str, np.ndarray]:
+        """:meth:`step` as numpy views (bfloat16 as int16 bit patterns): a CPU writer's copies
+        cost ~1 us each this way, against ~5 us for ``Tensor.copy_``."""
+        pos = self._pos(t)
+        return {k: a[pos] for k, a in self._arrays.items()}
 
     def commit(self, terminated: torch.Tensor, truncated: torch.Tensor) -> np.ndarray:
         """Record the ``T`` steps (their slots filled): ``terminated``/``truncated`` bool
@@ -108,6 +119,8 @@ def check_step_fields(
     dtype, shape or device), or None."""
     given = {**fields, "action": actions}
     want = set(row) - {"reward"}
+    if row["reward"].dtype not in (torch.float16, torch.float32, torch.float64):
+        return f"reward stored as {row['reward'].dtype}"
     if set(given) != want:
         return f"fields {sorted(given)}, the stream's {sorted(want)}"
     for k, v in given.items():
