@@ -347,7 +347,7 @@ def main() -> int:
                 env_rows,
             ),
             "",
-            "## Collector loop at 4096 envs (random torch policy + env + extend), vs the env alone",
+            "## Collector loop at 4096 envs (random torch policy + env + storing), vs the env alone",
             "",
             common.markdown_table(["loop", "env steps/s", "of env alone", "spread"], coll_rows),
             "",
