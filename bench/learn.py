@@ -15,8 +15,8 @@ Each side's preset (what a user gets; learn.md): ``dqn`` CartPole-v1 (50,000 env
 threshold 475), ``sac`` Pendulum-v1 (20,000, -200), ``ppo`` CartPole-v1 (100,000, 475; rlstash's
 preset is the RL Zoo's settings on SB3's network, so this is also the identical-settings
 comparison), ``td3`` Pendulum-v1 (20,000, -200), ``ppo_cheetah`` HalfCheetah-v5 (300,000 env
-steps, return at 100k/200k/300k): rlstash's ``rlstash train`` preset against SB3 with the RL
-Zoo's settings; ``contextual`` and ``ppo_contextual``: discrete SAC and PPO on
+steps, return at 100k/200k/300k): rlstash's ``rlstash train`` preset (the RL Zoo's tuned
+HalfCheetah entry in rlstash's terms) against SB3 with the RL Zoo's settings; ``contextual`` and ``ppo_contextual``: discrete SAC and PPO on
 bench/contextual.py's 100,000-action task, chunked vs one-hot (peak memory).
 
 Identical settings on both sides (what the implementation is worth; learn_same.md):
@@ -24,12 +24,13 @@ Identical settings on both sides (what the implementation is worth; learn_same.m
 ``sac_same`` HalfCheetah-v5 with SB3's SAC defaults ((256, 256), 15,000 env steps, seconds
 only), ``td3_same`` Pendulum-v1 with the RL Zoo's TD3 settings ((400, 300); both TD3 parts also
 report updates per training second against the FLOP limit), ``ppo_cheetah_same``
-HalfCheetah-v5 with rlstash's preset (CleanRL's settings) in SB3's terms (VecNormalize;
-300,000 env steps); ``ppo_compile`` and ``sac_same_compile``: end to end, env steps/s of
+HalfCheetah-v5 with CleanRL's ppo_continuous_action settings (rlstash's preset before the
+Zoo's entry), pinned on the rlstash side and in SB3's terms (VecNormalize) on the other;
+300,000 env steps; ``ppo_compile`` and ``sac_same_compile``: end to end, env steps/s of
 ``ppo`` and ``sac_same`` with ``compile=True``; ``updates``: each agent's update rate as a
 fraction of its network's compute limit (bench/updates.py). Where two parts run a side with
 the same settings they share its runs (SB3: dqn and dqn_same, td3 and td3_same, ppo and
-ppo_compile, sac_same and sac_same_compile; rlstash: ppo_cheetah and ppo_cheetah_same).
+ppo_compile, sac_same and sac_same_compile).
 
 Method (learning parts): every run is a fresh subprocess with one torch thread and CUDA hidden;
 runs are interleaved (rlstash seed 0, SB3 seed 0, rlstash seed 1, ...). Both sides evaluate on

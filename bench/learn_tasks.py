@@ -59,7 +59,8 @@ ZOO_PPO = {
 
 # HalfCheetah-v3 in hyperparams/ppo.yml (the Zoo's tuned MuJoCo entry; n_timesteps 1e6, here
 # the benchmark's 300,000): VecNormalize with SB3's defaults (obs and reward, clip 10) and, as
-# the Zoo does, the algorithm's gamma; constant learning rate and clip range.
+# the Zoo does, the algorithm's gamma; constant learning rate and clip range. rlstash's
+# HalfCheetah-v5 preset is this entry (rlstash/agents/ppo.py: ZOO_HALF_CHEETAH).
 ZOO_PPO_CHEETAH = {
     "n_envs": 1, "normalize": {"norm_obs": True, "norm_reward": True, "gamma": 0.98},
     "n_steps": 512, "batch_size": 64, "gamma": 0.98, "learning_rate": 2.0633e-05,
@@ -68,13 +69,24 @@ ZOO_PPO_CHEETAH = {
     "policy_kwargs": {"log_std_init": -2.0, "ortho_init": False, "activation_fn": "relu",
                       "net_arch": {"pi": [256, 256], "vf": [256, 256]}},
 }  # fmt: skip
-# rlstash's MuJoCo preset (CleanRL's ppo_continuous_action) in SB3's terms: one env, 2048 steps
+# CleanRL's ppo_continuous_action (rlstash's HalfCheetah-v5 preset until 2026-11-24, now the
+# Zoo's entry) on both sides: pinned in full on the rlstash side (every setting the runs depend
+# on, eager as SB3), and in SB3's terms: one env, 2048 steps
 # per rollout, minibatch 64, 10 epochs, lr 3e-4 annealed linearly to 0, clip 0.2 and value clip
 # 0.2, advantage normalisation, gamma 0.99, lambda 0.95, no entropy bonus, vf_coef 0.5, grad norm
 # 0.5, VecNormalize of observations and rewards (gamma 0.99, clip 10), separate (64, 64) tanh
 # policy and value nets with orthogonal init, state-independent log std starting at 0, Adam eps
 # 1e-5 (SB3's default for PPO). Left different: rlstash folds a rollout into its observation
 # statistics after the rollout, VecNormalize at every step.
+SAME_PPO_CHEETAH_RLSTASH = {
+    "num_envs": 1, "rollout_steps": 2048, "minibatch_size": 64, "n_epochs": 10,
+    "learning_rate": 3e-4, "anneal_lr": True, "anneal_clip_range": False, "clip_range": 0.2,
+    "clip_range_vf": 0.2, "normalize_advantage": True, "gamma": 0.99, "gae_lambda": 0.95,
+    "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5, "target_kl": None,
+    "norm_obs": True, "norm_reward": True, "clip_obs": 10.0, "clip_reward": 10.0,
+    "net_arch": [64, 64], "activation": "tanh", "ortho_init": True, "log_std_init": 0.0,
+    "bound": "clip", "adam_eps": 1e-5, "compile": False,
+}  # fmt: skip
 SAME_PPO_CHEETAH = {
     "n_envs": 1, "normalize": {"norm_obs": True, "norm_reward": True, "gamma": 0.99,
                                "clip_obs": 10.0, "clip_reward": 10.0},
@@ -136,15 +148,15 @@ TASKS: dict[str, dict[str, Any]] = {
     "td3_same": {"algo": "td3", "env": "Pendulum-v1", "threshold": -200.0, "budget": 20_000,
                  "rlstash": SAME_TD3, "sb3": ZOO_TD3, "sb3_id": "sb3-td3_zoo",
                  "group": "same", "update_rate": (3, 1)},
-    # PPO HalfCheetah-v5: rlstash's preset in both comparisons (one set of rlstash runs)
+    # PPO HalfCheetah-v5: rlstash's preset (the Zoo's entry) against the Zoo; CleanRL's
+    # settings on both sides
     "ppo_cheetah": {"algo": "ppo", "env": "HalfCheetah-v5", "threshold": None,
                     "budget": 300_000, "rlstash": None, "sb3": ZOO_PPO_CHEETAH,
-                    "rlstash_id": "rlstash-ppo_cheetah", "sb3_id": "sb3-ppo_cheetah_zoo",
-                    "group": "preset", "eval_every": 10_000, "eval_episodes": 5,
-                    "returns_at": CHEETAH_RETURNS_AT},
+                    "sb3_id": "sb3-ppo_cheetah_zoo", "group": "preset", "eval_every": 10_000,
+                    "eval_episodes": 5, "returns_at": CHEETAH_RETURNS_AT},
     "ppo_cheetah_same": {"algo": "ppo", "env": "HalfCheetah-v5", "threshold": None,
-                         "budget": 300_000, "rlstash": None, "sb3": SAME_PPO_CHEETAH,
-                         "rlstash_id": "rlstash-ppo_cheetah", "group": "same",
+                         "budget": 300_000, "rlstash": SAME_PPO_CHEETAH_RLSTASH,
+                         "sb3": SAME_PPO_CHEETAH, "group": "same",
                          "eval_every": 10_000, "eval_episodes": 5,
                          "returns_at": CHEETAH_RETURNS_AT},
     # End to end with compiled updates (issue 15): rlstash with compile=True against the SB3

@@ -127,7 +127,7 @@ def test_cheetah_returns_at_equal_steps_and_seconds_against_the_goals(tmp_path):
     sb3 = [(100_000, 1000.0), (200_000, 2600.0), (300_000, 2900.0)]
     for seed, bump in enumerate((0.0, 100.0, -50.0)):
         store.save_run(
-            "rlstash-ppo_cheetah",
+            "rlstash-ppo_cheetah_same",
             300_000,
             seed,
             _run(_curve([(s, r + bump) for s, r in rl]), 60.0 + seed, "2026-02-02"),
@@ -148,9 +148,9 @@ def test_cheetah_returns_at_equal_steps_and_seconds_against_the_goals(tmp_path):
     assert "| training seconds, whole budget | 61.0 | 100.0 | 0.61x |" in part
     assert "61.0 vs 0.7 x 100.0: **met**" in part
     assert "100,352: 1500" in part  # the step each run was evaluated at
-    # the preset table reuses the same rlstash runs (no Zoo runs yet: rlstash side only)
+    # the preset part has runs of its own (rlstash's preset is no longer these settings)
     preset = (tmp_path / "learn.md").read_text()
-    assert "## PPO HalfCheetah-v5, each side's preset" in preset
+    assert "## PPO HalfCheetah-v5, each side's preset" not in preset
 
 
 def test_end_to_end_compiled_against_the_eager_parts_sb3_runs(tmp_path):
@@ -175,7 +175,8 @@ def test_end_to_end_compiled_against_the_eager_parts_sb3_runs(tmp_path):
 def test_cheetah_and_compile_parts_share_runs_where_a_side_runs_the_same_settings():
     from learn_tasks import TASKS, run_id
 
-    assert run_id("ppo_cheetah", "rlstash") == run_id("ppo_cheetah_same", "rlstash")
+    # HalfCheetah: rlstash's preset (the Zoo's entry) is not the identical-settings part's
+    assert run_id("ppo_cheetah", "rlstash") != run_id("ppo_cheetah_same", "rlstash")
     assert run_id("ppo_cheetah", "sb3") != run_id("ppo_cheetah_same", "sb3")
     for compiled in ("ppo_compile", "sac_same_compile"):
         eager = TASKS[compiled]["eager"]
@@ -230,3 +231,31 @@ def test_td3_update_rate_is_reported_against_the_flop_limit(tmp_path):
     part = (tmp_path / "learn_same.md").read_text().split("## TD3 Pendulum-v1")[1]
     assert "| rlstash | 1 | [400, 300] | 717 | 100.0 | 100 | 139 | 0.72 |" in part
     assert "| sb3 | 1 | [400, 300] | 717 | 50.0 | 100 | 139 | 0.36 |" in part
+
+
+# rlstash's HalfCheetah-v5 preset before it became the Zoo's entry (CleanRL's; the settings the
+# kept ppo_cheetah_same runs recorded), over PPOConfig's defaults of that time.
+CLEANRL_CHEETAH_RUNS = {
+    "rollout_steps": 2048, "minibatch_size": 64, "n_epochs": 10, "learning_rate": 0.0003,
+    "anneal_lr": True, "clip_range_vf": 0.2, "norm_obs": True, "norm_reward": True,
+}  # fmt: skip
+
+
+def test_identical_cheetah_part_pins_cleanrls_settings_the_kept_runs_ran():
+    """The rlstash side of ppo_cheetah_same is pinned in full (not the preset, which is now
+    the Zoo's entry): the same PPOConfig as the old preset (eager), and what SB3 runs."""
+    from learn_tasks import SAME_PPO_CHEETAH, TASKS
+
+    from rlstash.agents.ppo import PPOConfig
+    from rlstash.train.algos import ALGOS
+
+    pinned = TASKS["ppo_cheetah_same"]["rlstash"]
+    assert PPOConfig(**pinned) == PPOConfig(**{**CLEANRL_CHEETAH_RUNS, "compile": False})
+    assert ALGOS["ppo"].presets["HalfCheetah-v5"] != CLEANRL_CHEETAH_RUNS
+    sb3 = SAME_PPO_CHEETAH
+    assert (sb3["n_steps"], sb3["batch_size"], sb3["n_epochs"]) == (2048, 64, 10)
+    assert sb3["policy_kwargs"]["net_arch"] == {"pi": pinned["net_arch"], "vf": pinned["net_arch"]}
+    assert sb3["normalize"]["gamma"] == pinned["gamma"] == sb3["gamma"]
+    for key in ("gamma", "gae_lambda", "ent_coef", "vf_coef", "max_grad_norm", "clip_range",
+                "clip_range_vf"):  # fmt: skip
+        assert sb3[key] == pinned[key], key

@@ -100,3 +100,56 @@ def test_bad_ppo_settings_are_one_line_and_write_nothing(tmp_path, capsys, extra
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and match in err[0], err
     assert list(tmp_path.iterdir()) == []
+
+
+# rl-baselines3-zoo hyperparams/ppo.yml, HalfCheetah-v3 (its tuned entry; SB3's defaults for the
+# rest: advantages normalised, no value clipping, Adam eps 1e-5), in rlstash's setting names.
+ZOO_HALF_CHEETAH = {
+    "num_envs": 1, "rollout_steps": 512, "minibatch_size": 64, "gamma": 0.98,
+    "learning_rate": 2.0633e-05, "anneal_lr": False, "ent_coef": 0.000401762,
+    "clip_range": 0.1, "anneal_clip_range": False, "n_epochs": 20, "gae_lambda": 0.92,
+    "max_grad_norm": 0.8, "vf_coef": 0.58096, "norm_obs": True, "norm_reward": True,
+    "clip_obs": 10.0, "clip_reward": 10.0, "clip_range_vf": None, "normalize_advantage": True,
+    "target_kl": None, "log_std_init": -2.0, "ortho_init": False, "activation": "relu",
+    "net_arch": (256, 256), "adam_eps": 1e-5,
+}  # fmt: skip
+
+
+def test_cli_ppo_half_cheetah_is_the_rl_zoos_tuned_entry(monkeypatch, capsys) -> None:
+    """`rlstash train --algo ppo --env HalfCheetah-v5` resolves to the Zoo's HalfCheetah entry
+    (no training run; the env's probe is faked, so MuJoCo need not be installed), and the agent
+    built from it has separate (256, 256) ReLU nets, PyTorch's init, log std -2 and rewards
+    scaled by the return discounted with the algorithm's gamma, as VecNormalize in the Zoo."""
+    import tomllib
+    from types import SimpleNamespace
+
+    import numpy as np
+    from gymnasium import spaces
+
+    from rlstash.train import algos, builders
+    from rlstash.train.config import TrainConfig as Config
+
+    box = spaces.Box(-1.0, 1.0, (6,), np.float32)
+    monkeypatch.setattr(builders, "probe_env", lambda env, history=0: SimpleNamespace(act_space=box))
+    argv = ["train", "--algo", "ppo", "--env", "HalfCheetah-v5", "--show-config"]
+    assert main(argv) == 0
+    shown = tomllib.loads(capsys.readouterr().out)
+    _, agent_cfg = algos.resolve(Config(algo="ppo", env="HalfCheetah-v5"), box)
+    for key, want in ZOO_HALF_CHEETAH.items():
+        assert getattr(agent_cfg, key) == want, key
+        if want is not None:  # what --show-config prints (None: a commented line)
+            got = shown["agent"].get(key, getattr(agent_cfg, key))
+            assert (tuple(got) if isinstance(want, tuple) else got) == want, key
+    agent = PPO((17,), bounds=(box.low, box.high), config=agent_cfg)
+    net = agent.nets["policy"]
+    assert not net.shared_trunk and net.actor_trunk is not net.critic[0]
+    for trunk in (net.actor_trunk, net.critic[0]):
+        layers = [type(m).__name__ for m in trunk]
+        assert layers == ["Flatten", "Linear", "ReLU", "Linear", "ReLU"]
+        assert [m.out_features for m in trunk if isinstance(m, torch.nn.Linear)] == [256, 256]
+    assert torch.equal(net.log_std.detach(), torch.full((6,), -2.0))
+    assert agent.nets["reward_scaler"].gamma == 0.98 and agent.nets["reward_scaler"].clip == 10.0
+    assert agent.nets["obs_norm"].clip == 10.0
+    # PyTorch's default init (kaiming uniform, |w| <= 1/sqrt(fan_in)), not orthogonal gain 0.01
+    bound = 1 / np.sqrt(256)
+    assert net.mu.weight.abs().max() <= bound and net.mu.weight.abs().max() > 0.5 * bound

@@ -292,8 +292,9 @@ PPO_ATARI: dict[str, Any] = dict(
 
 # PPO collects a rollout and updates on it (rlstash.train.onpolicy): it has no replay, so the
 # replay settings are unused (None); its rollout and minibatch sizes are agent settings
-# (rollout_steps, minibatch_size, num_envs). Presets: PPOConfig.PRESETS (CartPole-v1: the RL
-# Zoo's; MuJoCo: CleanRL's ppo_continuous_action).
+# (rollout_steps, minibatch_size, num_envs). Presets: PPOConfig.PRESETS (CartPole-v1 and
+# HalfCheetah-v5: the RL Zoo's tuned entries; Hopper, Walker2d, Ant: CleanRL's
+# ppo_continuous_action).
 register(
     Algo(
         "ppo",
