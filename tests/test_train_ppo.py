@@ -120,21 +120,22 @@ def test_cli_ppo_half_cheetah_is_the_rl_zoos_tuned_entry(monkeypatch, capsys) ->
     (no training run; the env's probe is faked, so MuJoCo need not be installed), and the agent
     built from it has separate (256, 256) ReLU nets, PyTorch's init, log std -2 and rewards
     scaled by the return discounted with the algorithm's gamma, as VecNormalize in the Zoo."""
-    import tomllib
     from types import SimpleNamespace
 
     import numpy as np
     from gymnasium import spaces
 
     from rlstash.train import algos, builders
-    from rlstash.train.config import TrainConfig as Config
+    from rlstash.train.cli_train import tomllib  # tomli before Python 3.11
 
     box = spaces.Box(-1.0, 1.0, (6,), np.float32)
-    monkeypatch.setattr(builders, "probe_env", lambda env, history=0: SimpleNamespace(act_space=box))
+    monkeypatch.setattr(
+        builders, "probe_env", lambda env, history=0: SimpleNamespace(act_space=box)
+    )
     argv = ["train", "--algo", "ppo", "--env", "HalfCheetah-v5", "--show-config"]
     assert main(argv) == 0
     shown = tomllib.loads(capsys.readouterr().out)
-    _, agent_cfg = algos.resolve(Config(algo="ppo", env="HalfCheetah-v5"), box)
+    _, agent_cfg = algos.resolve(TrainConfig(algo="ppo", env="HalfCheetah-v5"), box)
     for key, want in ZOO_HALF_CHEETAH.items():
         assert getattr(agent_cfg, key) == want, key
         if want is not None:  # what --show-config prints (None: a commented line)
