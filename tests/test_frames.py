@@ -333,25 +333,53 @@ def test_lz4_decodes_into_a_buffer_as_its_decompressor_does():
     assert bad != frame.size  # a cut payload is an error, never a short frame
 
 
+@pytest.mark.parametrize("joined", [True, False])
 @pytest.mark.parametrize("delta", [False, True])
-def test_reads_without_decode_into_equal_reads_with_it(delta):
-    """The ctypes path (decode straight into the batch) and the bytes path read the same."""
+def test_reads_in_runs_per_payload_and_as_bytes_are_equal(delta, joined, monkeypatch):
+    """The lz4 read paths read the same: the runs of a read copied into one piece and
+    decoded in one call (joined), one call per run of payloads (the block stream), one
+    ctypes call per payload (decode_into), and bytes objects (decompressor)."""
+    from rlstash.storage import frames
+
+    if not joined:
+        monkeypatch.setattr(frames, "JOIN_BYTES", 0)
     T, N = 120, 3
-    frames = pong_like(T, N, seed=4)
+    frames_ = pong_like(T, N, seed=4)
     term, trunc = episodes(T, N, seed=5)
     comp = FrameCompression("lz4", delta=delta, key_every=4, budget=1.0)
     plain, packed = pair(comp, N)
-    feed([plain, packed], frames, term, trunc, 5, False)
+    feed([plain, packed], frames_, term, trunc, 5, False)
     arena = packed.backing.arenas["obs"]
-    assert arena.codec.decode_into is not None and not arena.raw.any()
+    assert arena.codec.decode_into is not None and arena._stream is not None and arena.hdr == 4
+    assert not arena.raw.any()
+    stream, calls = arena._stream, []
+
+    class Spy:  # (C calls, frames decoded) of each call
+        def decode(self, srcs, sizes, dsts, room, want):
+            calls.append((len(srcs), int(want.sum()) // arena.F))
+            return stream.decode(srcs, sizes, dsts, room, want)
+
+        def decode_piece(self, src, dst, room, want):
+            calls.append((1, want // arena.F))
+            return stream.decode_piece(src, dst, room, want)
+
+    arena._stream = Spy()
     idx = np.flatnonzero(packed.valid)
-    fast = packed.gather(idx)
+    runs = packed.gather(idx)
+    n_calls, n_frames = map(sum, zip(*calls))
+    assert n_frames >= 5 * len(idx)
+    if joined:  # one piece for the whole read
+        assert calls == [(1, n_frames)]
+    else:  # ~one run per stack and its next frame
+        assert 1 < n_calls < n_frames / 3
+    arena._stream = None
+    each = packed.gather(idx)
     arena.codec = dataclasses.replace(arena.codec, decode_into=None)
     slow = packed.gather(idx)
     want = plain.read(idx)
     for key in want:
-        torch.testing.assert_close(fast[key], want[key], rtol=0, atol=0, msg=key)
-        torch.testing.assert_close(slow[key], want[key], rtol=0, atol=0, msg=key)
+        for got in (runs, each, slow):
+            torch.testing.assert_close(got[key], want[key], rtol=0, atol=0, msg=key)
 
 
 def test_a_corrupt_payload_is_an_error_naming_the_slot():
@@ -362,10 +390,78 @@ def test_a_corrupt_payload_is_an_error_naming_the_slot():
     _, packed = pair(comp, N)
     feed([packed], frames, term, trunc, 10, False)
     arena = packed.backing.arenas["obs"]
-    row = 5
-    arena.size[arena.arena_rows(row)] -= 3  # the payload cut short: lz4 refuses it
-    with pytest.raises(RuntimeError, match=r"payload of slot 5 is corrupt \(lz4 decoded"):
-        arena.gather(np.array([row]))
+    row = 5 * N  # the stream's row of lane 0, position 5 (slot-major: p * N + e)
+    i = int(arena.arena_rows(row))  # its index entry
+    arena.size[i] -= 3  # the index cut short: it disagrees with the block header
+    rows = np.arange(3, 9) * N  # lane 0, positions 3..8: one run of 6 payloads
+    two = np.array([3, 4, 5, 12, 13]) * N  # two runs: first decoded as one piece, then each
+    for got in (np.array([row]), rows, two):
+        with pytest.raises(RuntimeError, match=r"slot 10 is corrupt \(its lz4 block header says"):
+            arena.gather(got)
+    stream, arena._stream = arena._stream, None  # one call per payload: lz4 refuses it
+    with pytest.raises(RuntimeError, match=r"payload of slot 10 is corrupt \(lz4 decoded"):
+        arena.gather(rows)
+    arena.size[i] += 3
+    arena._stream = stream
+    at = int(arena.off[i])  # lane 0: the payload itself garbled, its header right
+    arena.data[0, at : at + int(arena.size[i])] = 255
+    for got in (rows, two):
+        with pytest.raises(RuntimeError, match=r"payload of slot 10 is corrupt \(lz4 "):
+            arena.gather(got)
+
+
+def test_a_corrupt_block_header_is_an_error_and_the_next_read_is_right():
+    """A block header that disagrees with the index (a run's bytes no longer one valid piece
+    of an LZ4 frame) fails that read only: the decoder restarts for the next one."""
+    T, N = 30, 2
+    frames = pong_like(T, N, seed=6)
+    zeros = np.zeros((T, N), bool)
+    plain, packed = pair(FrameCompression("lz4", budget=1.0), N)
+    feed([plain, packed], frames, zeros, zeros, 10, False)
+    arena = packed.backing.arenas["obs"]
+    rows = np.arange(3, 9) * N  # lane 0, positions 3..8
+    want = arena.gather(rows).copy()
+    i = int(arena.arena_rows(5 * N))  # lane 0, position 5
+    at = int(arena.off[i]) - 4  # its block header
+    saved = arena.data[0, at : at + 4].copy()
+    for bad in (arena.size[i] + 3, arena.size[i] - 1, 0, 1 << 20):
+        arena.data[0, at : at + 4] = np.frombuffer(int(bad).to_bytes(4, "little"), np.uint8)
+        with pytest.raises(RuntimeError, match=r"payload of slot (10|12|14|16) is corrupt"):
+            arena.gather(rows)
+        np.testing.assert_array_equal(  # lane 0, positions 10..13: steps 10..13 of env 0
+            arena.gather(np.arange(10, 14) * N), frames[10:14, 0]
+        )
+    arena.data[0, at : at + 4] = saved
+    np.testing.assert_array_equal(arena.gather(rows), want)
+
+
+def test_a_state_saved_without_block_headers_reads_and_writes_on():
+    """States saved before payloads had block headers load with that layout (read one
+    payload at a time), and the stream goes on writing in it."""
+    T, N = 70, 2
+    frames = pong_like(T, N, seed=8)
+    term, trunc = episodes(T, N, seed=9)
+    comp = FrameCompression("lz4", budget=0.5)
+    plain, packed = pair(comp, N, L=30)
+    packed.backing.arenas["obs"].hdr = 0  # the old layout: payloads only
+    feed([plain, packed], frames[:40], term[:40], trunc[:40], 10, False)
+    state = packed.state_dict()
+    del state["backing"]["block_headers"]
+    again = StreamStorage.from_state_dict(state)
+    assert again.backing.arenas["obs"].hdr == 0
+    assert_same_reads(plain, again, max_lost=0)
+    plain = StreamStorage.from_state_dict(plain.state_dict())  # a load cuts open episodes
+    feed([plain, again], frames[40:], term[40:], trunc[40:], 10, False)
+    assert_same_reads(plain, again, max_lost=0)
+    new = StreamStorage.from_state_dict(pair(comp, N, L=30)[1].state_dict())
+    assert new.backing.arenas["obs"].hdr == 4  # saved with headers: loads with them
+
+
+def test_the_block_stream_takes_frames_up_to_4_mib():
+    from rlstash.storage.codecs import LZ4BlockStream
+
+    assert LZ4BlockStream.make(84 * 84) is not None and LZ4BlockStream.make(4 << 20) is not None
+    assert LZ4BlockStream.make((4 << 20) + 1) is None  # such frames: one call per payload
 
 
 @pytest.mark.parametrize(
@@ -392,8 +488,16 @@ def test_an_index_entry_outside_the_arena_is_an_error_not_a_read_past_it():
     _, packed = pair(FrameCompression("lz4", budget=1.0), N)
     feed([packed], frames, np.zeros((T, N), bool), np.zeros((T, N), bool), 10, False)
     arena = packed.backing.arenas["obs"]
-    arena.off[arena.arena_rows(4)] = arena.data.size - 2  # e.g. offsets that do not fit
+    i = arena.arena_rows(4)
+    saved = arena.off[i]
+    arena.off[i] = arena.data.size - 2  # e.g. offsets that do not fit
     with pytest.raises(RuntimeError, match=r"index entry of slot 4 is corrupt"):
         arena.gather(np.array([4]))
+    arena.off[i] = saved
+    a, b = arena.arena_rows(np.array([3, 4]) * N)  # lane 0, positions 3 and 4
+    arena.size[a], arena.size[b] = -8, -2  # negative sizes that chain into one "run" whose
+    arena.off[b] = arena.off[a] - 4  # byte count would be -2 (a huge size_t to the decoder)
+    with pytest.raises(RuntimeError, match=r"index entry of slot 6 is corrupt"):
+        arena.gather(np.array([3, 4]) * N)
     with pytest.raises(ValueError, match="out: expected a C-contiguous uint8 array"):
         arena.gather(np.array([1, 2]), np.zeros((2, H, W * 2), np.uint8)[:, :, ::2])

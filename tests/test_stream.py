@@ -364,6 +364,14 @@ def test_one_step_frame_stacks_share_one_gather_and_match_the_separate_one():
         store.lanes.frame_rows(nxt),
         np.concatenate([store.lanes.frame_rows(idx), nxt[:, None]], 1)[:, 1:],
     )
+    np.testing.assert_array_equal(  # the one-step window: the same rows in fewer steps
+        store.lanes.one_step_window(idx),
+        np.concatenate([store.lanes.frame_rows(idx), nxt[:, None]], 1),
+    )
+    written = np.flatnonzero(store.written)
+    starts = written[~store.lanes.valid[written]]  # final-obs slots: their next slot is new
+    assert not store.lanes.shifts_by_one(starts, store.lanes.nstep(starts)[3])
+    assert store.lanes.one_step_window(starts) is None
     got = store.read(idx)
     assert got["obs"].untyped_storage().data_ptr() == got["next_obs"].untyped_storage().data_ptr()
     out = {k: torch.empty_like(v.contiguous()) for k, v in got.items()}

@@ -138,7 +138,8 @@ def test_compress_flag_builds_a_compressed_replay_and_resume_keeps_it(tmp_path):
     """--compress lz4: the run's replay keeps its frames lz4-compressed (stacks read back as
     the env gave them); the setting is in the checkpoint's config and a resumed run's buffer
     is compressed the same way."""
-    from rlstash.storage.frames import FrameBacking, FrameCompression
+    from rlstash.storage.frame_backing import FrameBacking
+    from rlstash.storage.frames import FrameCompression
     from rlstash.train import checkpoint
 
     cfg = TrainConfig(env="ALE/Pong-v5", run_dir=str(tmp_path), quiet=True, compress="lz4",

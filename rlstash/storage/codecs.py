@@ -13,19 +13,31 @@ from the ``lz4`` package's own extension module (which exports it), else from th
 ``liblz4``; no bytes object is made and nothing is copied twice. Where no library is found, and
 for zstd (whose decoding, ~5 us per Atari frame, dwarfs the call), the codec has no
 ``decode_into`` and readers use ``decompressor``.
+
+Even that call (~0.3 us through ctypes) costs about as much as decoding a frame, so lz4 also
+decodes *runs* of payloads in one call (:class:`LZ4BlockStream`): a writer that puts each
+payload right after its 4-byte LZ4 frame block header (:data:`LZ4_BLOCK_HEADER`: the payload's
+size, little endian) makes consecutive payloads a valid piece of an LZ4 frame, and
+``LZ4F_decompress`` (the frame format's decoder, in the same libraries) decodes a whole piece
+(a frame stack and its next frame: 5 payloads) in one call.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 CODECS = ("lz4", "zstd")
+LZ4_BLOCK_HEADER = 4  # bytes before each lz4 payload in a block stream: its size (LE uint32)
 INSTALL_HINT = "pip install 'rlstash[compress]'  (or: pip install lz4 zstandard)"
 
 
@@ -37,6 +49,9 @@ class Codec:
     ``decode_into(src, dst, n, size) -> int`` (or None): decodes the ``n`` payload bytes at
     address ``src`` into the ``size`` bytes at address ``dst`` and returns the bytes decoded
     (negative: a corrupt payload); the caller keeps both buffers alive during the call.
+
+    ``block_stream(size) -> LZ4BlockStream | None`` (or None): a decoder of runs of payloads
+    of frames of ``size`` bytes, each payload preceded by its :data:`LZ4_BLOCK_HEADER`.
     """
 
     name: str
@@ -44,6 +59,7 @@ class Codec:
     compress: Callable[[Any], bytes]
     decompressor: Callable[[int], Callable[[Any], bytes]]
     decode_into: Callable[[int, int, int, int], int] | None = None
+    block_stream: Callable[[int], LZ4BlockStream | None] | None = None
 
     def decompress(self, data: Any, size: int) -> bytes:
         return self.decompressor(size)(data)
@@ -103,23 +119,140 @@ def _lz4(level: int) -> Codec:
     def decompressor(size: int) -> Callable[[Any], bytes]:
         return partial(block.decompress, uncompressed_size=size)
 
-    return Codec("lz4", level, compress, decompressor, _lz4_decode_into(block))
+    return Codec("lz4", level, compress, decompressor, _lz4_decode_into(block), LZ4BlockStream.make)
 
 
 def _lz4_decode_into(block: Any) -> Callable[[int, int, int, int], int] | None:
     """``LZ4_decompress_safe(src, dst, n, size)`` (a ctypes function: no Python frame per
     call), from the lz4 package's extension module (already loaded: the same library) or the
-    system's liblz4."""
+    system's liblz4. Called through ``ctypes.PyDLL``: it keeps the GIL (a frame decodes in
+    well under a microsecond; releasing and taking the GIL back cost ~15% of the call)."""
     module = getattr(getattr(block, "_block", None), "__file__", None)
     for path in (module, ctypes.util.find_library("lz4")):
         try:
-            fn = _symbol(ctypes.CDLL, path, "LZ4_decompress_safe")
+            fn = _symbol(ctypes.PyDLL, path, "LZ4_decompress_safe")
         except (OSError, AttributeError):
             continue
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         fn.restype = ctypes.c_int
         return fn
     return None
+
+
+class LZ4BlockStream:
+    """Decodes runs of lz4 payloads, one C call per run.
+
+    Each payload must lie right after its :data:`LZ4_BLOCK_HEADER` (its size as a little
+    endian uint32: the block header of the LZ4 frame format), and a run is a piece of memory
+    holding consecutive (header, payload) pairs. ``LZ4F_decompress`` decodes it on a
+    decompression context that was given a frame header (independent blocks, no checksums,
+    no content size, the smallest block size that holds a frame) once: the context stays
+    between blocks, so any run can follow any other. The decoder checks every bound (it
+    reads only the run, writes only the room it is given); the caller checks that each run
+    gave exactly its frames' bytes (:meth:`decode`). Called through ``ctypes.PyDLL`` with the
+    GIL held: each call starts and ends between blocks, so no other thread can see the
+    context mid-run.
+    """
+
+    def __init__(self, lib: Any, header: bytes) -> None:
+        vp, size_t = ctypes.c_void_p, ctypes.c_size_t
+        self._fn = lib.LZ4F_decompress  # (ctx, dst, *dst_size, src, *src_size, options)
+        self._fn.argtypes, self._fn.restype = [vp] * 6, size_t
+        self._fn_bytes = lib["LZ4F_decompress"]  # the same, src a bytes object (no copy)
+        self._fn_bytes.argtypes = [vp, vp, vp, ctypes.c_char_p, vp, vp]
+        self._fn_bytes.restype = size_t
+        create, free = lib.LZ4F_createDecompressionContext, lib.LZ4F_freeDecompressionContext
+        create.argtypes, create.restype = [vp, ctypes.c_uint], size_t
+        free.argtypes, free.restype = [vp], size_t
+        self._reset = lib.LZ4F_resetDecompressionContext
+        self._reset.argtypes, self._reset.restype = [vp], None
+        ctx = ctypes.c_void_p()
+        if create(ctypes.addressof(ctx), 100) != 0 or not ctx.value:  # 100: LZ4F_VERSION
+            raise OSError("LZ4F_createDecompressionContext failed")
+        self._ctx = ctx.value
+        weakref.finalize(self, free, self._ctx)
+        self._header = np.frombuffer(header, np.uint8).copy()
+        self._start()
+
+    @classmethod
+    def make(cls, size: int) -> LZ4BlockStream | None:
+        """A stream for frames of ``size`` bytes from the lz4 package's frame extension or the
+        system's liblz4; None where neither has the frame API, or a frame exceeds 4 MiB."""
+        try:
+            import lz4.frame as frame
+        except ImportError:
+            return None
+        sizes = [(64 << 10, frame.BLOCKSIZE_MAX64KB), (256 << 10, frame.BLOCKSIZE_MAX256KB),
+                 (1 << 20, frame.BLOCKSIZE_MAX1MB), (4 << 20, frame.BLOCKSIZE_MAX4MB)]  # fmt: skip
+        block_size = next((b for cap, b in sizes if size <= cap), None)
+        if block_size is None:
+            return None
+        empty = frame.compress(
+            b"",
+            block_size=block_size,
+            block_linked=False,
+            content_checksum=False,
+            block_checksum=False,
+            store_size=False,
+        )
+        header = empty[:7]  # magic, FLG, BD, HC (then the end mark)
+        module = getattr(getattr(frame, "_frame", None), "__file__", None)
+        for path in (module, ctypes.util.find_library("lz4")):
+            try:
+                return cls(_library(ctypes.PyDLL, path), header)
+            except (OSError, AttributeError):
+                continue
+        return None
+
+    def _start(self) -> None:
+        """The context reset and given the frame header: it then expects a block header."""
+        self._reset(self._ctx)
+        done = np.array([0, self._header.size], np.int64)  # size_t: dst (none), src sizes
+        at = done.ctypes.data
+        hint = self._fn(self._ctx, None, at, self._header.ctypes.data, at + 8, None)
+        if int(done[1]) != self._header.size or hint > 1 << 31:
+            raise OSError(f"LZ4F_decompress refused the frame header (code {hint})")
+
+    def decode_piece(self, src: bytes, dst: int, room: int, want: int) -> bool:
+        """Decode all of ``src`` (consecutive blocks with their headers) into address ``dst``
+        with ``room`` bytes free there, in one call; whether it consumed all of ``src`` and
+        gave exactly ``want`` bytes (else the context is restarted)."""
+        io = np.array([room, len(src)], np.int64)  # size_t in/out: produced, consumed
+        at = io.ctypes.data
+        hint = self._fn_bytes(self._ctx, dst, at, src, at + 8, None)
+        if io[0] == want and io[1] == len(src) and hint <= 1 << 31:
+            return True
+        self._start()
+        return False
+
+    def decode(
+        self,
+        srcs: list[int],
+        sizes: np.ndarray,
+        dsts: list[int],
+        room: np.ndarray,
+        want: np.ndarray,
+    ) -> tuple[int, np.ndarray]:
+        """Decode the runs of ``sizes[i]`` bytes at addresses ``srcs[i]`` into addresses
+        ``dsts[i]``, with ``room[i]`` bytes free there (the decoder writes no further); run
+        ``i`` must give ``want[i]`` bytes (all int64 [R]).
+
+        Returns ``(bad, produced)``: the first run that did not consume exactly its bytes and
+        give exactly ``want`` (a corrupt run; -1: none), and the bytes each run gave [R]. After
+        a failure the context is restarted (a failed run may leave it mid-block)."""
+        n = len(srcs)
+        io = np.empty((2, n), np.int64)  # size_t in/out: [0] room -> produced, [1] consumed
+        io[0], io[1] = room, sizes
+        p0, p1 = io.ctypes.data, io.ctypes.data + 8 * n
+        hints = list(map(self._fn, repeat(self._ctx, n), dsts, range(p0, p0 + 8 * n, 8), srcs,
+                         range(p1, p1 + 8 * n, 8), repeat(None, n)))  # fmt: skip
+        produced = io[0]
+        ok = (io[1] == sizes) & (produced == want)
+        if ok.all() and max(hints, default=0) <= 1 << 31:  # else an error code (size_t)-k
+            return -1, produced
+        self._start()
+        errs = np.array(hints, np.uint64) > 1 << 31
+        return int(np.flatnonzero(~ok | errs)[0]), produced
 
 
 def _zstd(level: int) -> Codec:
@@ -136,8 +269,13 @@ def _zstd(level: int) -> Codec:
     return Codec("zstd", level, cctx.compress, decompressor)
 
 
-def _symbol(kind: Any, path: str | None, name: str) -> Any:
-    """Function ``name`` of the shared library ``path`` (OSError/AttributeError if absent)."""
+def _library(kind: Any, path: str | None) -> Any:
+    """The shared library ``path`` loaded as ``kind`` (OSError if absent)."""
     if not path or (Path(path).is_absolute() and not Path(path).exists()):
         raise OSError(f"no library at {path!r}")
-    return getattr(kind(path), name)
+    return kind(path)
+
+
+def _symbol(kind: Any, path: str | None, name: str) -> Any:
+    """Function ``name`` of the shared library ``path`` (OSError/AttributeError if absent)."""
+    return getattr(_library(kind, path), name)

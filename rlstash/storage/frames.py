@@ -6,14 +6,18 @@ path; every other field stays in a plain :class:`~rlstash.storage.ram.TensorStor
 
 Coding. A frame is a *key* (compressed as is) or, with ``delta=True``, the byte-wise
 difference to the previous frame of its lane (``uint8`` arithmetic mod 256, as Reverb's
-delta encoding), compressed. A payload that would not be smaller than the frame is stored
-raw, so no frame ever takes more than its ``F`` bytes. Every ``key_every``-th frame of a lane
+delta encoding), compressed. A payload that would not be smaller than the frame (with its
+block header, below) is stored raw, so no frame ever takes more than its ``F`` bytes. Every ``key_every``-th frame of a lane
 is a key, so decoding a frame takes at most ``key_every`` decompressions, and a run of
 consecutive frames (a frame stack and its next observation) decodes in one walk.
 
 Arena. Lane ``e`` owns ``A`` bytes, written as a ring log: frames are appended at the
 lane's head in slot order, and a frame that does not fit before the end starts again at 0.
 Per slot the arena keeps its payload's offset, length, chain depth and a raw bit (14 B).
+With lz4 each compressed payload follows a 4-byte block header (its length: the LZ4 frame
+format's), so the payloads of consecutive slots form one valid piece of an LZ4 frame and a
+frame stack with its next frame decodes in one C call (:class:`~rlstash.storage.codecs.
+LZ4BlockStream`); the header counts in the stored bytes.
 Frames leave a lane, oldest first, in three ways: the ring of slots reuses their slot (as in
 the plain stream); the log reuses their bytes; or the key of their delta chain left. The
 lanes' ``floor`` follows, so a sampler never sees a frame that cannot be decoded.
@@ -44,12 +48,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlstash.indices import as_rows
-from rlstash.spec import Batch, Spec
-from rlstash.storage.codecs import Codec, check_codec, check_level, make_codec
-from rlstash.storage.lanes import Lanes
-from rlstash.storage.ram import TensorStorage, numpy_view
+from rlstash.spec import Spec
+from rlstash.storage.codecs import (
+    LZ4_BLOCK_HEADER,
+    Codec,
+    LZ4BlockStream,
+    check_codec,
+    check_level,
+    make_codec,
+)
 
+JOIN_BYTES = 16 << 10  # runs of at most this many payload bytes each (mean) are joined
 INDEX_BYTES = 14  # per slot and frame field: offset (int64), length (int32), depth, raw bit
 LANE_INTS = 3  # per lane: count, floor, head (int64)
 
@@ -154,6 +163,12 @@ class FrameArena:
         self._whole = self.data.reshape(-1, F)  # [N * A / F, F]: frames stored raw, aligned
         self._addr = self.data.ctypes.data  # the arena's address (decode_into reads there)
         self._scratch = np.zeros((0, F), np.uint8)  # decoded deltas of a read, reused
+        # lz4: each compressed payload follows its block header, so runs of consecutive
+        # payloads decode in one call (codecs.LZ4BlockStream); 0: no headers (zstd, or a
+        # state saved without them)
+        self.hdr = LZ4_BLOCK_HEADER if comp.codec == "lz4" else 0
+        make_stream = self.codec.block_stream
+        self._stream: LZ4BlockStream | None = make_stream(F) if make_stream else None
 
     def arena_rows(self, rows: np.ndarray) -> np.ndarray:
         """The stream's slot-major rows (``pos * N + lane``) as this arena's own lane-major
@@ -191,28 +206,36 @@ class FrameArena:
         L, base, c = self.L, e * self.L, int(self.count[e])
         floor = self._keyed(e, max(int(self.floor[e]), c + 1 - L), c)  # the ring reuses c - L
         key = floor == c or int(self.depth[base + (c - 1) % L]) + 1 >= self.comp.chain
-        payload, raw = self._encode(frame, None if key else self.last[e])
+        stored, raw = self._encode(frame, None if key else self.last[e])
         if raw and not key:  # the delta did not compress: a key costs no more, decodes faster
             key = True
-            payload, raw = self._encode(frame, None)
-        floor, head = self._make_room(e, len(payload), floor, c)
+            stored, raw = self._encode(frame, None)
+        floor, head = self._make_room(e, len(stored), floor, c)
         if floor == c and not key:  # the room cost the delta's reference: store a key
             key = True
-            payload, raw = self._encode(frame, None)
-            floor, head = self._make_room(e, len(payload), floor, c)
-        n, row = len(payload), base + c % L
-        self.data[e, head : head + n] = np.frombuffer(payload, np.uint8)
-        self.off[row], self.size[row], self.raw[row] = head, n, raw
+            stored, raw = self._encode(frame, None)
+            floor, head = self._make_room(e, len(stored), floor, c)
+        n, row, skip = len(stored), base + c % L, 0 if raw else self.hdr
+        self.data[e, head : head + n] = np.frombuffer(stored, np.uint8)
+        self.off[row], self.size[row], self.raw[row] = head + skip, n - skip, raw
         self.depth[row] = 0 if key else self.depth[base + (c - 1) % L] + 1
         self.head[e], self.count[e], self.floor[e] = head + n, c + 1, floor
         self.last[e] = frame
 
     def _encode(self, frame: np.ndarray, ref: np.ndarray | None) -> tuple[Any, bool]:
+        """(the bytes stored: a compressed payload after its block header, or the frame
+        raw when that is not smaller; whether raw)."""
         src = frame if ref is None else np.subtract(frame, ref, out=self._delta)
         payload = self.codec.compress(src)
-        if len(payload) >= self.F:
+        if len(payload) + self.hdr >= self.F:
             return src.tobytes(), True
+        if self.hdr:
+            return len(payload).to_bytes(self.hdr, "little") + payload, False
         return payload, False
+
+    def _start(self, row: int) -> int:
+        """Where the stored bytes of ``row`` begin in its lane (its block header, if any)."""
+        return int(self.off[row]) - (0 if self.raw[row] else self.hdr)
 
     def _keyed(self, e: int, floor: int, c: int) -> int:
         """``floor`` moved up to the first key frame (a delta without its key cannot decode)."""
@@ -229,10 +252,10 @@ class FrameArena:
         """
         base, L, head = e * self.L, self.L, int(self.head[e])
         if head + n > self.A:  # wrap: the older lap's frames past the head go first
-            while floor < c and self.off[base + floor % L] >= head:
+            while floor < c and self._start(base + floor % L) >= head:
                 floor += 1
             head = 0
-        while floor < c and head <= self.off[base + floor % L] < head + n:
+        while floor < c and head <= self._start(base + floor % L) < head + n:
             floor += 1
         return self._keyed(e, floor, c), head
 
@@ -302,9 +325,13 @@ class FrameArena:
         then holds whole frames) come in one numpy gather; the others are decoded into the
         output."""
         F, L = self.F, self.L
-        off = self.off[rows]
-        fast = self.raw[rows] & (off % F == 0)
+        raw = self.raw[rows]
         out = _empty((len(rows), F)) if out is None else out
+        if not raw.any():  # compressed frames only (Atari): each decoded into the output
+            self._decode(rows, out, None, False)
+            return out
+        off = self.off[rows]
+        fast = raw & (off % F == 0)
         if fast.all():
             at = rows // L * (self.A // F) + off // F  # whole-frame index of each frame
             return np.take(self._whole, at, axis=0, out=out, mode="clip")  # clip: unbuffered
@@ -317,38 +344,117 @@ class FrameArena:
             self._decode(rows, out, None)
         return out
 
-    def _decode(self, rows: np.ndarray, out: np.ndarray, at: np.ndarray | None) -> None:
+    def _decode(
+        self, rows: np.ndarray, out: np.ndarray, at: np.ndarray | None, raw: bool | None = None
+    ) -> None:
         """Payloads of ``rows`` [Q] decoded into the rows ``at`` [Q] (None: 0..Q-1) of
-        ``out`` [*, F] (C-contiguous): with the codec's ``decode_into``, one C call per
-        compressed payload (``map`` over the ctypes function: no Python frame between
-        them) and every result checked; else one ``decompressor`` call and copy each."""
+        ``out`` [*, F] (C-contiguous), every result checked. lz4 with its block stream: one
+        C call per run of payloads that lie one after the other in the arena and go to
+        consecutive rows (a frame stack and its next frame); with the codec's
+        ``decode_into``: one C call per payload (``map`` over the ctypes function: no Python
+        frame between them); else one ``decompressor`` call and copy each. ``raw``: whether
+        any of them is stored raw (None: look it up)."""
         F, L = self.F, self.L
-        start = self.off[rows] + rows // L * self.A  # [Q] payload offsets in the arena
-        size, raw = self.size[rows], self.raw[rows]
-        decode = self.codec.decode_into
-        if decode is None or raw.any():  # rare (frames stored raw at odd offsets) or no ctypes
+        if raw is None:
+            raw = bool(self.raw[rows].any())
+        runs = self._stream is not None and self.hdr > 0
+        if raw or not (runs or self.codec.decode_into):  # rare (raw at odd offsets), no ctypes
             dst = memoryview(out).cast("B")
             where = range(len(rows)) if at is None else at.tolist()
             for q, part in zip(where, self._payloads(rows)):
                 dst[q * F : (q + 1) * F] = part
             return
+        start = self.off[rows] + rows // L * self.A  # [Q] payload offsets in the arena
+        size = self.size[rows]
         end = start + size
-        if len(rows) and (start.min() < 0 or end.max() > self.data.size or size.min() < 0):
-            bad = int(np.flatnonzero((start < 0) | (end > self.data.size) | (size < 0))[0])
+        if len(rows) and (start.min() < self.hdr or end.max() > self.data.size or size.min() < 0):
+            bad = int(np.flatnonzero((start < self.hdr) | (end > self.data.size) | (size < 0))[0])
             raise RuntimeError(
-                f"FrameArena: the index entry of slot {self.stream_row(int(rows[bad]))} is corrupt (payload "
-                f"bytes {int(start[bad])}..{int(end[bad])} outside the arena's {self.data.size})"
+                f"FrameArena: the index entry of slot {self.stream_row(int(rows[bad]))} is corrupt "
+                f"(payload bytes {int(start[bad])}..{int(end[bad])} outside the arena's {self.data.size})"
             )
         assert out.flags.c_contiguous and out.dtype == np.uint8 and out.shape[1:] == (F,)
-        dsts = out.ctypes.data + F * (np.arange(len(rows)) if at is None else at)
-        done = list(map(decode, (self._addr + start).tolist(), dsts.tolist(), size.tolist(),
-                        repeat(F, len(rows))))  # fmt: skip
+        if runs:
+            self._decode_runs(rows, out, at, start, end)
+            return
+        dst0 = out.ctypes.data
+        dsts = range(dst0, dst0 + F * len(rows), F) if at is None else (dst0 + F * at).tolist()
+        done = list(map(self.codec.decode_into, (self._addr + start).tolist(), dsts,
+                        (end - start).tolist(), repeat(F, len(rows))))  # fmt: skip
         if done.count(F) != len(done):
             bad = next(i for i, n in enumerate(done) if n != F)
+            self._corrupt(int(rows[bad]), f"decoded {done[bad]} bytes, expected {F}")
+
+    def _decode_runs(
+        self,
+        rows: np.ndarray,
+        out: np.ndarray,
+        at: np.ndarray | None,
+        start: np.ndarray,
+        end: np.ndarray,
+    ) -> None:
+        """:meth:`_decode` of compressed payloads at ``start..end`` [Q] in runs: a payload
+        whose block header ends where the previous payload ends, going to the next row of
+        ``out``, continues that run. Each run may write from its first row to the end of
+        ``out`` (the decoder's bound) and must give exactly its frames."""
+        F, Q = self.F, len(rows)
+        if not Q:
+            return
+        brk = np.empty(Q, bool)  # [Q] a run starts here
+        brk[0] = True
+        np.not_equal(start[1:] - self.hdr, end[:-1], out=brk[1:])
+        if at is not None:
+            brk[1:] |= at[1:] != at[:-1] + 1
+        first = np.flatnonzero(brk)  # [R]
+        stop = np.append(first[1:], Q)  # [R] one past each run's last payload
+        begin = start[first] - self.hdr  # [R] the first block header of each run
+        last = end[stop - 1]  # [R] one past each run's last payload byte
+        out0 = out.ctypes.data
+        if at is None and len(first) > 1 and (last - begin).sum() <= JOIN_BYTES * len(first):
+            # the runs fill the output in order: copied into one piece, one call decodes all
+            # (a copy of a few KB costs less than a call); on a failure, the runs one by one
+            flat = self._flat
+            piece = b"".join([flat[b:e] for b, e in zip(begin.tolist(), last.tolist())])
+            if self._stream.decode_piece(piece, out0, out.shape[0] * F, Q * F):
+                return
+        pos = F * (first if at is None else at[first])  # [R] output byte of each run
+        bad, got = self._stream.decode(
+            (self._addr + begin).tolist(), last - begin, (out0 + pos).tolist(),
+            out.shape[0] * F - pos, F * (stop - first),
+        )  # fmt: skip
+        if bad >= 0:
+            self._locate(rows[first[bad] : stop[bad]], start[first[bad] : stop[bad]])
+
+    def _locate(self, rows: np.ndarray, start: np.ndarray) -> None:
+        """Raise the error naming the first corrupt slot of a run that failed: a block header
+        that disagrees with the index, else the first payload that does not decode alone."""
+        heads = self.data.reshape(-1)[(start - self.hdr)[:, None] + np.arange(self.hdr)]
+        said = heads.astype(np.int64) @ (256 ** np.arange(self.hdr))  # [Q] little endian
+        wrong = np.flatnonzero(said != self.size[rows])
+        if wrong.size:
+            q = int(wrong[0])
             raise RuntimeError(
-                f"FrameArena: the payload of slot {self.stream_row(int(rows[bad]))} is corrupt ({self.comp.codec} "
-                f"decoded {done[bad]} bytes, expected {F})"
+                f"FrameArena: the payload of slot {self.stream_row(int(rows[q]))} is corrupt (its lz4 block "
+                f"header says {int(said[q])} bytes, its index entry {int(self.size[rows[q]])})"
             )
+        for row, at in zip(rows.tolist(), start.tolist()):
+            try:
+                n = len(self._decompress(self._flat[at : at + int(self.size[row])]))
+            except Exception as exc:  # the codec's own error: this payload does not decode
+                self._corrupt(row, f"{exc}")
+            if n != self.F:
+                self._corrupt(row, f"decoded {n} bytes, expected {self.F}")
+        raise RuntimeError(
+            f"FrameArena: the payloads of slots {rows.tolist()} decode one by one but not as "
+            "one run: the arena is corrupt"
+        )
+
+    def _corrupt(self, i: int, why: str) -> None:
+        """Raise the error naming the stream's row of the arena's slot index ``i``."""
+        raise RuntimeError(
+            f"FrameArena: the payload of slot {self.stream_row(i)} is corrupt "
+            f"({self.comp.codec} {why})"
+        )
 
     def _payloads(self, walk_rows: np.ndarray) -> Iterator[Any]:
         """Decoded payloads (a frame, or a delta) of ``walk_rows``: bytes-likes of F bytes,
@@ -405,8 +511,8 @@ class FrameArena:
         seq = np.arange(L)[None, :]
         lo, hi = self.floor[:, None], self.count[:, None]
         slot = hi - 1 - ((hi - 1 - seq) % L)  # [N, L] newest slot number at each row
-        alive = (slot >= lo) & (slot >= 0)
-        return int(self.size.reshape(self.N, L)[alive].sum())
+        alive = ((slot >= lo) & (slot >= 0)).reshape(-1)
+        return int(self.size[alive].sum() + self.hdr * (alive & ~self.raw).sum())
 
     def frames_alive(self) -> int:
         return int((self.count - self.floor).sum())
@@ -423,159 +529,4 @@ class FrameArena:
             v[...] = np.asarray(arrays[k])
 
 
-class FrameBacking:
-    """A stream's backing with compressed frames: :class:`FrameArena` per frame field, a
-    :class:`TensorStorage` for the other fields. Keeps ``lanes.floor`` at or above the
-    arenas' floors (frames that left the arena are no longer alive in the lanes)."""
-
-    def __init__(
-        self,
-        spec: Spec,
-        lanes: Lanes,
-        comp: FrameCompression,
-        frame_keys: list[str],
-        allow_overcommit: bool = False,
-    ) -> None:
-        from rlstash.diag.memory import plan
-
-        self.spec, self.lanes, self.comp = spec, lanes, comp
-        self.capacity = lanes.num_envs * lanes.L
-        self.device = torch.device("cpu")
-        rest = Spec({k: f for k, f in spec.items() if k not in frame_keys})
-        arena = {
-            f"frames {k}: {part}": b
-            for k in frame_keys
-            for part, b in comp.plan_bytes(spec[k].row_bytes, lanes.num_envs, lanes.L).items()
-        }
-        plan(rest, self.capacity, "ram", "cpu", extra={"ram": arena}).check(allow_overcommit)
-        self.arenas = {
-            k: FrameArena(spec[k].shape, lanes.num_envs, lanes.L, comp) for k in frame_keys
-        }
-        self.plain = TensorStorage(rest, self.capacity, "cpu", allow_overcommit)
-        self.tensors = self.plain.tensors
-
-    @property
-    def nbytes(self) -> int:
-        return self.plain.nbytes + sum(a.nbytes for a in self.arenas.values())
-
-    def write(self, index: Any, batch: Batch, validate: bool = True) -> None:
-        """Write rows that continue the lanes (frames appended to each lane's log)."""
-        rows = as_rows(index, self.capacity).reshape(-1)
-        if validate:
-            batch = self.spec.validate(batch)
-        frames = {k: numpy_view(batch[k].contiguous()).reshape(len(rows), -1) for k in self.arenas}
-        for k, arena in self.arenas.items():
-            arena.write(rows, frames[k])
-        self.plain.write(rows, {k: batch[k] for k in self.plain.spec}, validate=False)
-        floor = np.max([a.floor for a in self.arenas.values()], axis=0)
-        self.lanes.drop_before(floor)
-
-    def gather_frames(self, field: str, rows: np.ndarray, out: torch.Tensor | None) -> torch.Tensor:
-        """Decoded frames of ``field`` at ``rows`` [P, j] or [P] (into ``out`` when it fits)."""
-        arena = self.arenas[field]
-        fits = (
-            out is not None
-            and out.dtype == torch.uint8
-            and out.device.type == "cpu"
-            and out.is_contiguous()
-            and out.numel() == rows.size * arena.F
-        )
-        got = arena.gather(rows, numpy_view(out) if fits else None)
-        return torch.from_numpy(got)
-
-    def read(self, index: Any, out: Batch | None = None) -> Batch:
-        """Rows at ``index``: every field, frames decoded."""
-        rows = as_rows(index, self.capacity)
-        res = self.plain.read(rows)
-        for k in self.arenas:
-            res[k] = self.gather_frames(k, rows.reshape(-1), None).reshape(
-                *rows.shape, *self.spec[k].shape
-            )
-        if out is None:
-            return res
-        for k, v in res.items():
-            out[k].copy_(v)
-        return out
-
-    def stats(self) -> dict[str, float]:
-        """Stored payload bytes per decodable frame, its ratio to a raw frame, frames held."""
-        stored = sum(a.stored_bytes() for a in self.arenas.values())
-        alive = max(1, min(a.frames_alive() for a in self.arenas.values()))
-        raw = sum(a.F for a in self.arenas.values())
-        return {
-            "stored_bytes_per_frame": stored / alive,
-            "ratio": stored / alive / raw,
-            "frames_held": alive,
-        }
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "kind": "FrameBacking",
-            "compression": self.comp.to_dict(),
-            "plain": self.plain.state_dict(),
-            "arenas": {k: a.arrays() for k, a in self.arenas.items()},  # references, no copy
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state.get("kind") != "FrameBacking" or state.get("compression") != self.comp.to_dict():
-            raise ValueError("state: it belongs to a stream with other frame compression settings")
-        if set(state["arenas"]) != set(self.arenas):
-            raise ValueError(
-                f"state: frame fields {sorted(state['arenas'])}, expected {sorted(self.arenas)}"
-            )
-        for k, a in self.arenas.items():
-            a.load(state["arenas"][k])
-        self.plain.load_state_dict(state["plain"])
-
-    def flush(self) -> None:
-        """Nothing to sync (RAM)."""
-
-    def close(self) -> None:
-        self.plain.close()
-        self.arenas = {}
-
-
-def compression_note(spec: Spec, comp: FrameCompression, num_envs: int, L: int) -> str:
-    """What ``rlstash plan`` says under the table: the budget per frame, what it holds when
-    frames compress as planned, and the worst case (incompressible frames)."""
-    from rlstash.diag.memory import human_bytes
-
-    keys = frame_fields(spec, obs_names_of(spec))
-    lines = []
-    for k in keys:
-        F = spec[k].row_bytes
-        parts = comp.plan_bytes(F, num_envs, L)
-        per = comp.lane_bytes(F, L) / L
-        mode = f"delta-coded, a key frame every {comp.key_every}" if comp.delta else "per frame"
-        lines.append(
-            f"compressed frames: {k} ({F:,} B raw) with {comp.codec} ({mode}), budget "
-            f"{comp.budget:g} -> {per:,.0f} B per slot; {num_envs} lanes of {L:,} slots: arena "
-            f"{human_bytes(parts['arena'])} + index {human_bytes(parts['index'])}"
-        )
-    held = max(1, math.floor(comp.budget * L) - (comp.chain - 1))
-    lines.append(
-        "frames that average <= the budget keep every slot"
-        + (f" (but at most {comp.key_every - 1} per lane, the oldest)" if comp.delta else "")
-        + f"; frames that compress worse keep fewer transitions (at least {held:,} per lane "
-        "for incompressible frames), never more bytes. Atari 84x84 frames store ~0.04 of a "
-        "raw frame with lz4, ~0.025 with zstd (bench/results/frames_compressed.md)"
-    )
-    return "\n".join(lines)
-
-
-def obs_names_of(spec: Spec) -> list[str]:
-    return [k for k in spec if k == "obs" or k.startswith("obs/")]
-
-
-def frame_plan_bytes(
-    spec: Spec, frame_keys: list[str], comp: FrameCompression, num_envs: int, L: int
-) -> dict[str, int]:
-    """Exact bytes per part of the compressed frame fields (for :meth:`StreamStorage.plan_bytes`)."""
-    out: dict[str, int] = {}
-    for k in frame_keys:
-        for part, b in comp.plan_bytes(spec[k].row_bytes, num_envs, L).items():
-            out[f"{k} ({comp.codec} {part})"] = b
-    return out
-
-
-__all__ = ["FrameArena", "FrameBacking", "FrameCompression", "frame_fields", "frame_plan_bytes"]
+__all__ = ["FrameArena", "FrameCompression", "frame_fields"]

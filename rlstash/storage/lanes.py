@@ -8,6 +8,7 @@ the read-side questions (n-step rows, frame rows, windows) with vectorized numpy
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,15 @@ import numpy as np
 WRITTEN, START, TERM, TRUNC = 1, 2, 4, 8  # slot flag bits
 DONE = TERM | TRUNC
 LANE_KEYS = ("count", "floor", "next_ep", "pending", "reserved", "flags", "ep")
+
+
+@functools.cache
+def _window_back(k: int) -> np.ndarray:
+    """Slots back from a 1-step read's start to each frame of its window: k - 1 .. 0, -1
+    (shared and read-only; not per storage, so not in any storage's planned bytes)."""
+    back = np.arange(k - 1, -2, -1)
+    back.flags.writeable = False
+    return back
 
 
 def _wrap(p: np.ndarray, L: int) -> np.ndarray:
@@ -410,6 +420,22 @@ class Lanes:
             np.arange(k - 1, -1, -1)[None, :], self.ep[rows][:, None].astype(np.int64)
         )
         return self.row(lane[:, None], pos[:, None] - back)  # [P, k]
+
+    def one_step_window(self, rows: np.ndarray) -> np.ndarray | None:
+        """1-step reads with frame stacks (k > 1): rows of the k frames of the obs at ``rows``
+        [P] and of the next slot's newest frame, [P, k + 1] (next_obs's frames are obs's
+        shifted by one slot); None when a next slot does not continue its start's episode
+        (then :meth:`frame_rows` of each). The same rows as ``frame_rows(rows)`` and the
+        successors ``nstep(rows)[3]``, when :meth:`shifts_by_one` holds, in fewer steps."""
+        k, L, N = self.k, self.L, self.num_envs
+        lane = rows % N
+        pos = (rows - lane) // N
+        ep = self.ep[rows]
+        back = np.minimum(_window_back(k), ep[:, None])  # [P, k + 1]
+        win = (pos[:, None] - back) % L * N + lane[:, None]  # rows (slot-major: p * N + e)
+        if not (self.ep[win[:, -1]] == np.minimum(ep + 1, k - 1)).all():
+            return None
+        return win  # [P, k + 1]: frames t - k + 1 .. t (padded), then t + 1
 
     def shifts_by_one(self, rows: np.ndarray, nxt: np.ndarray) -> bool:
         """Whether every ``nxt`` is the slot right after ``rows`` in the same episode, so the

@@ -82,7 +82,8 @@ from rlstash.spec import Batch, Field, Spec
 from rlstash.storage import register_kind
 from rlstash.storage import stream_read as read_path
 from rlstash.storage import stream_write as write
-from rlstash.storage.frames import FrameBacking, FrameCompression, frame_fields, frame_plan_bytes
+from rlstash.storage.frame_backing import FrameBacking, frame_plan_bytes
+from rlstash.storage.frames import FrameCompression, frame_fields
 from rlstash.storage.lanes import LANE_KEYS, TERM, TRUNC, WRITTEN, Lanes
 from rlstash.storage.ram import TensorStorage, as_spec
 from rlstash.storage.stream_direct import StepSlots, open_steps

@@ -15,30 +15,37 @@ import numpy as np
 import torch
 
 from rlstash.spec import Batch
-from rlstash.storage.lanes import TERM, TRUNC
+from rlstash.storage.lanes import DONE, TERM, TRUNC
 from rlstash.storage.ram import numpy_view
 
 if TYPE_CHECKING:
     from rlstash.storage.stream import StreamStorage
 
 
+_FLAG_TABLE = np.array([[(b & bit) != 0 for b in range(256)] for bit in (TERM, TRUNC, DONE)])
+
+
 def rebuild(store: StreamStorage, idx: np.ndarray, out: Batch | None) -> Batch:
     flat = idx.reshape(-1)
+    lanes = store.lanes
     n, gamma = store.reads.n_step, float(store.reads.gamma)
-    steps, m, last, nxt = store.lanes.nstep(flat)
     # 1-step reads of frame stacks: next_obs's frames are obs's shifted by one slot, so one
     # gather of k + 1 frames per row serves both (obs and next_obs are views of it)
-    shared = out is None and n == 1 and store.lanes.k > 1 and store.lanes.shifts_by_one(flat, nxt)
+    window = lanes.one_step_window(flat) if out is None and n == 1 and lanes.k > 1 else None
     req: dict[str, np.ndarray] = {}
-    for k in store.slot_spec:
-        if k in store.obs_keys and shared:
-            req[k] = np.concatenate([store.lanes.frame_rows(flat), nxt[:, None]], axis=1)
-        elif k in store.obs_keys:
-            req[k], req["next_" + k] = store.lanes.frame_rows(flat), store.lanes.frame_rows(nxt)
-        else:
-            req[k] = steps if k == "reward" and n > 1 else flat
+    if window is not None:
+        m, last = None, lanes.flags[flat]
+        for k in store.slot_spec:
+            req[k] = window if k in store.obs_keys else flat
+    else:
+        steps, m, last, nxt = lanes.nstep(flat)
+        for k in store.slot_spec:
+            if k in store.obs_keys:
+                req[k], req["next_" + k] = lanes.frame_rows(flat), lanes.frame_rows(nxt)
+            else:
+                req[k] = steps if k == "reward" and n > 1 else flat
     got = gather_rows(store, req, out)
-    if shared:
+    if window is not None:
         for k in store.obs_keys:
             win = got[k]  # [P, k + 1, *frame]
             got[k], got["next_" + k] = win[:, :-1], win[:, 1:]
@@ -48,11 +55,13 @@ def rebuild(store: StreamStorage, idx: np.ndarray, out: Batch | None) -> Batch:
         acc = torch.float64 if r.dtype == torch.float64 else torch.float32
         r = torch.where(to_device(store, w > 0), r.to(acc), 0.0)  # steps past m may be stale
         got["reward"] = (r * to_device(store, w).to(acc)).sum(1)
-    got["reward"] = got["reward"].to(store.spec["reward"].dtype)
-    got["terminated"] = to_device(store, (last & TERM) != 0)
-    got["truncated"] = to_device(store, (last & TRUNC) != 0)
-    got["done"] = got["terminated"] | got["truncated"]
-    got["discount"] = to_device(store, (gamma**m).astype(np.float32))
+    dtype = store.spec["reward"].dtype
+    if got["reward"].dtype != dtype:
+        got["reward"] = got["reward"].to(dtype)
+    ends = _FLAG_TABLE[:, last]  # [3, P] bool: terminated, truncated, done
+    got["terminated"], got["truncated"], got["done"] = (to_device(store, e) for e in ends)
+    discount = np.full(len(flat), gamma, np.float32) if m is None else gamma**m
+    got["discount"] = to_device(store, discount.astype(np.float32, copy=False))
     if idx.ndim == 1:
         res = got
     else:
@@ -84,6 +93,7 @@ def gather_rows(store: StreamStorage, req: Mapping[str, np.ndarray], out: Batch 
     order = getattr(store.backing, "order", None)  # a GPU backing: after its writes (I4)
     if order is not None:
         order.before_read()
+    checked: set[int] = set()  # the row arrays checked (fields share them)
     for name, r in req.items():
         field = name.removeprefix("next_")
         if field in arenas:  # compressed frames: decoded here
@@ -96,8 +106,9 @@ def gather_rows(store: StreamStorage, req: Mapping[str, np.ndarray], out: Batch 
             a = numpy_view(t)
             o = None if dst is None else numpy_view(dst).reshape(r.size, *a.shape[1:])
             idx = r.reshape(-1)
-            if idx.size and (idx.min() < 0 or idx.max() >= len(a)):
+            if id(r) not in checked and idx.size and (idx.min() < 0 or idx.max() >= len(a)):
                 raise IndexError(f"{name}: slots outside [0, {len(a)}): {idx.min()}..{idx.max()}")
+            checked.add(id(r))  # every field has the same rows (the capacity)
             # mode="clip" after that check: numpy buffers ``out`` for mode="raise" (~3x slower)
             v = torch.from_numpy(np.take(a, idx, axis=0, out=o, mode="clip"))
             v = v.view(t.dtype) if v.dtype != t.dtype else v

@@ -129,7 +129,7 @@ def build_plan(args: argparse.Namespace) -> tuple[MemoryPlan, str]:
     stored = slot_spec(step, k, stacked)
     if comp is None:
         return plan(stored, slots, overhead=overhead, **common), ""
-    from rlstash.storage.frames import compression_note
+    from rlstash.storage.frame_backing import compression_note
 
     packed = Spec({n: f for n, f in stored.items() if n in parts})
     overhead.update({f"frames: {n}": b for n, b in parts.items() if n not in packed})
