@@ -151,7 +151,7 @@ def test_worker_restart_never_stitches_or_bootstraps_from_a_reset_obs(tmp_path, 
     same_episode = (obs[:, 0] == nxt[:, 0]) & (nxt[:, 1] == obs[:, 1] + 1)
     assert same_episode.all(), "a transition crosses the restart"
     env = int(np.argwhere(batch["restarted"].numpy())[0][1])
-    lane = (idx // 40) == env
+    lane = (idx % 2) == env  # slot-major rows: row = position * N + lane (storage/lanes.py)
     crashed_seed = batch["obs"][0, env, 0].item()
     old = lane & (obs[:, 0] == crashed_seed)
     # the old episode: t=0..3 -> t+1 kept, the last one (t=3 -> 4) truncated; nothing from t=4
