@@ -486,8 +486,8 @@ def check_sample(peer: Peer, data: Episodes, draws: int = 3) -> bool:
         if data.stamped:
             ids = np.ascontiguousarray(obs[:, -1].reshape(len(obs), -1)[:, :4]).view("<u4")
             t, e = ids[:, 0] // N, ids[:, 0] % N
-        else:  # env e's lane holds slots [e * T, (e + 1) * T): row t at slot e * T + t
-            t, e = out["index"].numpy() % T, out["index"].numpy() // T
+        else:  # slot-major rows: env e's lane position t (T slots, no wrap) at row t * N + e
+            t, e = out["index"].numpy() // N, out["index"].numpy() % N
         if not np.array_equal(obs, data.stack(t, e)):
             raise RuntimeError(f"{peer.label}: sampled obs stacks differ from the data")
         if not np.array_equal(nxt[must], data.stack(t + 1, e)[must]):

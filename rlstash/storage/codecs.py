@@ -19,7 +19,8 @@ decodes *runs* of payloads in one call (:class:`LZ4BlockStream`): a writer that 
 payload right after its 4-byte LZ4 frame block header (:data:`LZ4_BLOCK_HEADER`: the payload's
 size, little endian) makes consecutive payloads a valid piece of an LZ4 frame, and
 ``LZ4F_decompress`` (the frame format's decoder, in the same libraries) decodes a whole piece
-(a frame stack and its next frame: 5 payloads) in one call.
+(a frame stack and its next frame: 5 payloads) in one call; the pieces of a read, copied into
+one (a few KB), decode in one call too (:meth:`LZ4BlockStream.decode_piece`).
 """
 
 from __future__ import annotations
