@@ -2,7 +2,7 @@
 """Batched torch envs: rlstash/CartPole-v1 against gymnasium's numpy-batched CartPole, and the
 Collector's overhead over the env's own step rate.
 
-    .venv/bin/python bench/batched.py [--quick] [--device cpu] [--reps N]
+    .venv/bin/python bench/batched.py [--quick] [--device cpu] [--reps N] [--clock cpu]
                                       [--out bench/results/batched.md]
 
 Runs in the project's ``.venv`` (gymnasium is a dependency; no peers to install).
@@ -311,11 +311,19 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--no-ppo", action="store_true", help="skip the PPO learning run")
     ap.add_argument("--out", default=str(HERE / "results" / "batched.md"))
+    ap.add_argument(
+        "--clock", choices=("wall", "cpu"), default="wall",
+        help="time repetitions in wall seconds or in CPU seconds of this process (cpu: "
+        "steadier when other users load the machine; everything here is single-threaded)",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.clock == "cpu":
+        common.use_cpu_clock()
     reps, target_s = (5, 0.05) if args.quick else (args.reps, 0.3)
     torch.set_num_threads(1)  # gymnasium's numpy env is single-threaded too
     info = common.machine_info()
     info["device"] = args.device
+    info["clock"] = "CPU seconds of this process" if args.clock == "cpu" else "wall seconds"
     common.wait_quiet(5 if args.quick else 60, "batched")
     with common.cpu_meter() as meter:
         env_rows, ratios = common.timed_run(lambda: section_envs(args.device, reps, target_s), info)
@@ -332,7 +340,8 @@ def main() -> int:
         [
             "# Batched torch envs: rlstash/CartPole-v1 vs gymnasium's numpy CartPole; collector overhead",
             "",
-            f"`.venv/bin/python bench/batched.py --device {args.device}{' --quick' if args.quick else ''}`",
+            f"`.venv/bin/python bench/batched.py --device {args.device}"
+            f"{' --quick' if args.quick else ''}{' --clock cpu' if args.clock == 'cpu' else ''}`",
             "",
             *common.header_lines(info),
             "",

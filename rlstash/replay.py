@@ -54,6 +54,7 @@ from rlstash.indices import as_rows
 from rlstash.prefetch import Prefetcher, Stopped
 from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler
 from rlstash.spec import Batch
+from rlstash.storage.stream_direct import LockedSteps
 from rlstash.writer import RingWriter
 
 Transform = Callable[[Batch], Batch]
@@ -233,7 +234,12 @@ class ReplayBuffer:
         with self._lock:
             self._check_open()
             slots = opener(T)
-        return None if slots is None else _LockedSteps(self, slots)
+        return None if slots is None else LockedSteps(slots, self._lock, self._steps_written)
+
+    def _steps_written(self, index: np.ndarray) -> None:
+        """After a commit of :meth:`open_steps`' slots, under the lock: tell the sampler."""
+        self._check_open()
+        self.sampler.on_write(index, self.storage.step_flags(index))
 
     def _after_write(self, index: Index, batch: dict[str, Any], srcs: list[Any]) -> None:
         """After a fast-path write (``storage.exact_sources`` + ``put``, under the lock): the
@@ -526,28 +532,6 @@ def _host_numpy(value: Any, name: str) -> np.ndarray:
         return np.asarray(value)
     except Exception as exc:  # noqa: BLE001
         raise TypeError(f"{name}: expected a tensor or array, got {type(value).__name__}") from exc
-
-
-class _LockedSteps:
-    """A stream's :class:`~rlstash.storage.stream_direct.StepSlots` whose commit takes the
-    replay buffer's lock and tells its sampler, as :meth:`ReplayBuffer.extend` does."""
-
-    def __init__(self, rb: ReplayBuffer, slots: Any) -> None:
-        self.rb, self.slots, self.T = rb, slots, slots.T
-
-    def step(self, t: int) -> dict[str, torch.Tensor]:
-        return self.slots.step(t)
-
-    def step_arrays(self, t: int) -> dict[str, np.ndarray]:
-        return self.slots.step_arrays(t)
-
-    def commit(self, terminated: torch.Tensor, truncated: torch.Tensor) -> np.ndarray:
-        rb = self.rb
-        with rb._lock:
-            rb._check_open()
-            index = self.slots.commit(terminated, truncated)
-            rb.sampler.on_write(index, rb.storage.step_flags(index))
-        return index
 
 
 __all__ = ["ReplayBuffer", "Transform", "sampler_from_state"]

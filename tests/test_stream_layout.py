@@ -60,7 +60,7 @@ def test_a_lane_major_disk_stream_is_refused_naming_the_fix_and_converts(tmp_pat
     src = tmp_path / "old"
     shutil.copytree(DATA / "disk", src)
     before = files(src)
-    with pytest.raises(ValueError, match=r"lane-major.*convert_lane_major"):
+    with pytest.raises(ValueError, match=r"format 1, lane-major.*format 2.*convert_lane_major"):
         StreamStorage(SPEC, N, N * L, "disk", path=src, reads=READS)
     assert files(src) == before
     dst = convert_lane_major(src, tmp_path / "new")

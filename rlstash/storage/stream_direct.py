@@ -22,6 +22,7 @@ while it is rewritten); :meth:`StepSlots.commit` then records the steps as ``ext
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -84,6 +85,29 @@ class StepSlots:
         return store.lanes.written_order(plan)
 
 
+class LockedSteps:
+    """:class:`StepSlots` whose commit holds ``lock`` and then calls ``written(index)``
+    (a replay buffer's: its sampler learns the slots, as after ``extend``)."""
+
+    def __init__(self, slots: StepSlots, lock: Any, written: Callable[[np.ndarray], None]) -> None:
+        self.slots, self.lock, self.written, self.T = slots, lock, written, slots.T
+
+    def step(self, t: int) -> dict[str, torch.Tensor]:
+        """:meth:`StepSlots.step`."""
+        return self.slots.step(t)
+
+    def step_arrays(self, t: int) -> dict[str, np.ndarray]:
+        """:meth:`StepSlots.step_arrays`."""
+        return self.slots.step_arrays(t)
+
+    def commit(self, terminated: torch.Tensor, truncated: torch.Tensor) -> np.ndarray:
+        """:meth:`StepSlots.commit` under the lock, then ``written``."""
+        with self.lock:
+            index = self.slots.commit(terminated, truncated)
+            self.written(index)
+        return index
+
+
 def open_steps(store: StreamStorage, T: int) -> StepSlots | None:
     """Slots for ``T`` steps written in place (module docstring), or None where the stream
     cannot take them so (then collect a batch and ``extend`` it)."""
@@ -132,4 +156,4 @@ def check_step_fields(
     return None
 
 
-__all__ = ["StepSlots", "check_step_fields", "open_steps"]
+__all__ = ["LockedSteps", "StepSlots", "check_step_fields", "open_steps"]

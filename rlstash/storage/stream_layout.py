@@ -1,10 +1,10 @@
 """Row layouts of :class:`~rlstash.storage.stream.StreamStorage` saves, and the conversion
 of saves made before slot-major rows.
 
-Since ``layout = "slot_major"`` (saved in the stream's config: ``stream.npz`` beside a disk
-stream, ``state_dict()["config"]`` of a RAM one) slot number ``s`` of lane ``e`` lives at row
-``(s % L) * N + e``: the N lanes' slots of one step are one contiguous block of rows. Saves
-without a ``layout`` key are *lane-major*, rows ``e * L + s % L`` (rlstash before it).
+In stream format 2, ``layout = "slot_major"`` (saved in the stream's config: ``stream.npz``
+beside a disk stream, ``state_dict()["config"]`` of a RAM one), slot number ``s`` of lane
+``e`` lives at row ``(s % L) * N + e``: the N lanes' slots of one step are one contiguous block of rows. Saves
+without a ``layout`` key are format 1, *lane-major*, rows ``e * L + s % L`` (rlstash before).
 
 * A lane-major ``state_dict`` (RAM, or compressed frames) is converted when it is loaded
   (one permutation of the rows of each field and of the per-slot flags, in memory).
@@ -81,8 +81,9 @@ def refuse_lane_major(path: Path, config: Mapping[str, Any]) -> None:
         return
     if layout == LANE_MAJOR:
         raise ValueError(
-            f"path: the stream at {path} was saved by an older rlstash in the lane-major row "
-            f"layout (its stream.npz has no 'layout'); this rlstash stores streams slot-major. "
+            f"path: the stream at {path} was saved by an older rlstash in stream format 1, "
+            f"lane-major rows (its stream.npz has no 'layout'); this rlstash reads format 2, "
+            f"slot-major rows ('layout': {LAYOUT!r}). "
             f"Convert it once into a new directory with rlstash.storage.stream_layout."
             f"convert_lane_major({str(path)!r}, <new directory>) (the old one is left as it "
             "is), then open the new one"
