@@ -134,3 +134,24 @@ def test_collect_into_falls_back_to_extend_where_steps_cannot_go_in_place():
         for _ in range(4):
             np.testing.assert_array_equal(direct.collect_into(a), b.extend(batch.collect()))
         assert_same_stream(a, b)
+
+
+def test_collect_into_a_disk_stream_survives_a_reopen(tmp_path):
+    """A disk stream filled in place holds what the batch path's holds, and reopens with the
+    transitions its saves vouch for (the bookkeeping is saved before slots are overwritten)."""
+    n, T = 3, 8
+    direct, batch = pair(n, T)
+    a = StreamStorage(SPEC, n, n * 40, "disk", path=tmp_path / "a")
+    b = StreamStorage(SPEC, n, n * 40, "disk", path=tmp_path / "b")
+    direct.batched.collect = lambda *args: pytest.fail("the batch path ran")
+    for _ in range(9):  # 72 steps through lanes of 40: the ring wraps
+        np.testing.assert_array_equal(direct.collect_into(a), b.extend(batch.collect()))
+    assert_same_stream(a, b)
+    a.close()
+    b.close()
+    a = StreamStorage(SPEC, n, n * 40, "disk", path=tmp_path / "a")
+    b = StreamStorage(SPEC, n, n * 40, "disk", path=tmp_path / "b")
+    assert a.valid.sum() > 50
+    assert_same_stream(a, b)
+    a.close()
+    b.close()
