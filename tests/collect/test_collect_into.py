@@ -155,3 +155,27 @@ def test_collect_into_a_disk_stream_survives_a_reopen(tmp_path):
     assert_same_stream(a, b)
     a.close()
     b.close()
+
+
+def test_collect_into_takes_dict_observations_as_obs_key_fields():
+    """Isaac Lab style observation groups (nested dicts): each ``obs/<key>`` field is copied
+    into its own rows, as ``extend`` of the batch stores them."""
+    from tests.collect.test_dict_obs import KEYS, DictObsEnv
+
+    n, T = 4, 6
+    shapes = {"obs/policy": (4,), "obs/critic/sq": (4,), "obs/critic/x": (1,)}
+    spec = {**{k: Field(s, torch.float32) for k, s in shapes.items()}, "action": SPEC["action"]}
+
+    def policy(obs):
+        return noisy_balance(n)(obs["policy"])
+
+    cs = [
+        Collector(DictObsEnv(n, AutoresetMode.NEXT_STEP), policy, frames_per_batch=n * T, seed=0)
+        for _ in range(2)
+    ]
+    a, b = (StreamStorage(spec, n, n * 16, reads=ReadSpec(n_step=2)) for _ in range(2))
+    cs[0].batched.collect = lambda *args: pytest.fail("the batch path ran")
+    for _ in range(5):
+        np.testing.assert_array_equal(cs[0].collect_into(a), b.extend(cs[1].collect()))
+    assert_same_stream(a, b)
+    assert sorted(a.obs_keys) == sorted(KEYS)
