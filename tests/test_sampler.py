@@ -530,7 +530,8 @@ def test_mask_changes_in_the_tail_and_strided_masks(strided):
 
 
 def lane_window(lane: int):
-    """Windows that follow per-env lanes of ``lane`` rows (like the stream storage)."""
+    """Windows that follow per-env lanes of ``lane`` consecutive rows (a ctx.window; the
+    stream storage's lanes are slot-major instead, the sampler does not care)."""
 
     def window(starts, length):
         s = np.asarray(starts, dtype=np.int64)
