@@ -705,7 +705,7 @@ def test_w2_memory_is_at_most_0_14_of_a_naive_obs_next_obs_buffer():
 
 
 def test_compare_layouts_for_rlstash_plan():
-    from rlstash.storage.stream import compare_layouts
+    from rlstash.diag.layouts import compare_layouts
 
     w2 = {"obs": ((4, 84, 84), torch.uint8), "action": ((), torch.int64),
           "reward": ((), torch.float32), "next_obs": ((4, 84, 84), torch.uint8)}  # fmt: skip

@@ -49,7 +49,8 @@ A ``[T, N]`` chunk is one write, not T: its ``terminated``/``truncated`` reach t
 host read), :class:`~rlstash.storage.lanes.Lanes` plans the T steps with row operations over
 the N lanes, and the slots are written in one call (one contiguous copy per field while the
 lanes move in lockstep, as next-step chunks keep them). The write path lives in
-:mod:`rlstash.storage.stream_write`, the read path in :mod:`rlstash.storage.stream_read`.
+:mod:`rlstash.storage.stream_write`, the read path in :mod:`rlstash.storage.stream_read`, the
+specs of steps, slots and reads in :mod:`rlstash.storage.stream_spec`.
 
 Episodes never get stitched: when envs are reset outside the stream (a collector reset, a
 restarted worker) call :meth:`StreamStorage.end_episodes`; after a load or a reopen the
@@ -68,7 +69,7 @@ import json
 import os
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,7 @@ from rlstash.storage import stream_write as write
 from rlstash.storage.frame_backing import FrameBacking, frame_plan_bytes
 from rlstash.storage.frames import FrameCompression, frame_fields
 from rlstash.storage.lanes import LANE_KEYS, TERM, TRUNC, WRITTEN, Lanes
-from rlstash.storage.ram import TensorStorage, as_spec
+from rlstash.storage.ram import TensorStorage
 from rlstash.storage.stream_direct import StepSlots, open_steps
 from rlstash.storage.stream_layout import (
     LANE_MAJOR,
@@ -94,72 +95,16 @@ from rlstash.storage.stream_layout import (
     refuse_lane_major,
     saved_layout,
 )
+from rlstash.storage.stream_spec import (
+    ReadSpec,
+    obs_names,
+    slot_spec,
+    step_spec,
+    transition_step,
+)
 from rlstash.storage.stream_write import NPZ
 
 BOOKKEEPING_BYTES = 3  # per slot: flags, episode position (clipped), valid
-
-
-@dataclass(frozen=True)
-class ReadSpec:
-    """What a read rebuilds: ``n_step`` returns with ``gamma``, stacks of ``frame_stack``."""
-
-    n_step: int = 1
-    gamma: float = 0.99
-    frame_stack: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("n_step", "frame_stack"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 255:
-                raise ValueError(f"{name}: expected an int in [1, 255], got {v!r}")
-        if not isinstance(self.gamma, (int, float)) or not 0.0 <= float(self.gamma) <= 1.0:
-            raise ValueError(f"gamma: expected a float in [0, 1], got {self.gamma!r}")
-
-
-def obs_names(spec: Spec) -> list[str]:
-    """Observation fields: ``obs`` and ``obs/<key>`` (flattened Dict spaces)."""
-    return [k for k in spec if k == "obs" or k.startswith("obs/")]
-
-
-def step_spec(spec: Spec | Mapping) -> Spec:
-    """The fields ``extend`` takes per env: ``spec`` plus reward/terminated/truncated defaults."""
-    spec = as_spec(spec)
-    if not obs_names(spec) or "action" not in spec:
-        raise ValueError(
-            f"spec: expected fields 'obs' (or 'obs/<key>') and 'action', got {list(spec)}"
-        )
-    fields = dict(spec.items())
-    fields.setdefault("reward", Field((), torch.float32))
-    for name in ("terminated", "truncated"):
-        fields.setdefault(name, Field((), torch.bool))
-        if fields[name] != Field((), torch.bool):
-            raise ValueError(f"spec: field {name!r} must be ():bool, got {fields[name].describe()}")
-    if fields["reward"].shape != () or not fields["reward"].dtype.is_floating_point:
-        raise ValueError(
-            f"spec: field 'reward' must be a float scalar, got {fields['reward'].describe()}"
-        )
-    for name in ("next_obs", "done", "discount", "final_obs"):
-        if any(k == name or k.startswith(name + "/") for k in fields):
-            raise ValueError(f"spec: field name {name!r} is reserved by StreamStorage")
-    return Spec(fields)
-
-
-def slot_spec(spec: Spec | Mapping, frame_stack: int = 1, stacked_input: bool = False) -> Spec:
-    """The backing storage's fields: one frame per obs field, action, reward and extras."""
-    spec = step_spec(spec)
-    fields: dict[str, Field] = {}
-    for name, f in spec.items():
-        if name in ("terminated", "truncated"):
-            continue  # kept as bits in the lane bookkeeping
-        if name in obs_names(spec) and stacked_input:
-            if not f.shape or f.shape[0] != frame_stack:
-                raise ValueError(
-                    f"spec: field {name!r} is {f.describe()}; stacked_input=True expects "
-                    f"[frame_stack={frame_stack}, ...] per row"
-                )
-            f = Field(f.shape[1:], f.dtype)
-        fields[name] = f
-    return Spec(fields)
 
 
 class StreamStorage:
@@ -632,68 +577,13 @@ def _bookkeeping_bytes(num_envs: int, slots: int) -> int:
     return Lanes.plan_bytes(num_envs, slots // num_envs) + num_envs
 
 
-def transition_step(spec: Spec | Mapping, frame_stack: int) -> tuple[Spec, int, bool]:
-    """A transition spec as a stream step: ``(spec without next_obs, frames, stacked_input)``.
-
-    An observation with at least 3 dims whose first equals ``frame_stack`` (> 1) is taken as
-    stacked frames (gymnasium's FrameStackObservation): the stream stores its newest frame only.
-    """
-    spec = as_spec(spec)
-    step = Spec(
-        {k: f for k, f in spec.items() if k != "next_obs" and not k.startswith("next_obs/")}
-    )
-    stacked = frame_stack > 1 and all(
-        len(step[k].shape) >= 3 and step[k].shape[0] == frame_stack for k in obs_names(step)
-    )
-    return step, frame_stack if stacked else 1, stacked
-
-
-def compare_layouts(
-    spec: Spec | Mapping, capacity: int, num_envs: int = 1, frame_stack: int = 1
-) -> str:
-    """Bytes of ``capacity`` transitions as a naive buffer (obs and next_obs stored) and as a
-    stream storage (each frame once, plus one slot per episode end), as a text table.
-
-    ``spec`` describes a transition (``next_obs`` fields are ignored). An observation with at
-    least 3 dims whose first equals ``frame_stack`` (> 1) is taken as stacked frames
-    (gymnasium's FrameStackObservation): the stream stores its newest frame only.
-    """
-    from rlstash.diag.memory import human_bytes
-
-    step, k, stacked = transition_step(spec, frame_stack)
-    naive = sum(StreamStorage.naive_bytes(step, capacity, k, stacked).values())
-    slots = capacity // num_envs * num_envs
-    stream = sum(StreamStorage.plan_bytes(step, slots, k, stacked, num_envs).values())
-    rows = [
-        ("layout", "bytes/transition", "total", "vs naive"),
-        ("naive (obs + next_obs)", f"{naive // capacity:,}", human_bytes(naive), "1.000"),
-        (
-            "stream (frames once)",
-            f"{stream // slots:,}",
-            human_bytes(stream),
-            f"{stream / naive:.3f}",
-        ),
-    ]
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = [
-        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-        for r in rows
-    ]
-    rebuilt = f"frame stacks of {k} and next obs" if k > 1 else "next obs"
-    note = (
-        f"stream: {num_envs} lanes of {slots // num_envs:,} slots; {rebuilt} rebuilt on read; "
-        "an episode end takes one more slot (its final observation)"
-    )
-    return "\n".join([*lines, note])
-
-
 register_kind("StreamStorage", lambda state, device: StreamStorage.from_state_dict(state, device))
 
-__all__ = [
+__all__ = [  # the spec helpers are re-exported: they were defined here before
     "Lanes",
+    "NPZ",
     "ReadSpec",
     "StreamStorage",
-    "compare_layouts",
     "obs_names",
     "slot_spec",
     "step_spec",

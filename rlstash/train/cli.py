@@ -114,7 +114,8 @@ def build_plan(args: argparse.Namespace) -> tuple[MemoryPlan, str]:
         if args.compress not in (None, "none"):
             raise ValueError("--compress: compressed frames need --layout stream")
         return plan(spec, args.capacity, **common), _stream_figures(spec, args)
-    from rlstash.storage.stream import StreamStorage, slot_spec, transition_step
+    from rlstash.storage.stream import StreamStorage
+    from rlstash.storage.stream_spec import slot_spec, transition_step
 
     step, k, stacked = transition_step(spec, args.frame_stack)
     if "action" not in step or not any(k == "obs" or k.startswith("obs/") for k in step):
@@ -209,7 +210,7 @@ def _plan_sampler(name: str) -> Any:
 
 def _stream_figures(spec: Spec, args: argparse.Namespace) -> str:
     """The stream layout's bytes next to the naive (obs + next_obs) layout, when it applies."""
-    from rlstash.storage.stream import compare_layouts
+    from rlstash.diag.layouts import compare_layouts
 
     if "action" not in spec or not any(k == "obs" or k.startswith("obs/") for k in spec):
         return ""  # the stream layout needs an obs and an action field
