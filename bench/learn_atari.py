@@ -118,6 +118,7 @@ def run_rlstash(env_id: str, seed: int, budget: int, eval_every: int, episodes: 
         "exploration_fraction": s["exploration_fraction"],
         "exploration_final_eps": s["exploration_final_eps"],
         "max_grad_norm": s["max_grad_norm"], "total_steps": budget,
+        "compile": False,  # identical settings: eager, as SB3 (compile='auto' may compile mid-run)
     }  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="rlstash-atari-") as tmp:
         cfg = TrainConfig(
@@ -233,7 +234,7 @@ def update_costs(reps: int = 5, n: int = 20) -> dict:
         "action": torch.as_tensor(act[:32]), "reward": torch.zeros(32),
         "terminated": torch.zeros(32, dtype=torch.bool),
     }  # fmt: skip
-    agent = DQN((4, 84, 84), 6, DQNConfig(learning_rate=1e-4), device="cpu")
+    agent = DQN((4, 84, 84), 6, DQNConfig(learning_rate=1e-4, compile=False), device="cpu")
 
     class Env(gym.Env):  # the spaces SB3's model is built from (its steps are never taken)
         observation_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
