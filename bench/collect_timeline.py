@@ -154,9 +154,11 @@ def main() -> int:
         "",
     ]
     text = "\n".join(lines)
-    print(text)
     if args.out:
-        Path(args.out).write_text(text)
+        import common  # bench/common.py (the script's folder is on sys.path)
+
+        return common.publish(text, args.out, "collect_timeline", [])
+    print(text)
     return 0
 
 

@@ -346,6 +346,17 @@ def _check_ints_fit(name: str, value: torch.Tensor, dtype: torch.dtype) -> None:
     )
 
 
+def flat_obs(prefix: str, obs: Any) -> dict[str, Any]:
+    """``{prefix: obs}``, or for a dict of observations ``{prefix/key: ...}`` (nested dicts
+    joined by ``/``; with an empty ``prefix`` the keys alone), in the dict's order."""
+    if not isinstance(obs, Mapping):
+        return {prefix: obs}
+    out: dict[str, Any] = {}
+    for key, value in obs.items():
+        out.update(flat_obs(f"{prefix}/{key}" if prefix else str(key), value))
+    return out
+
+
 def space_fields(space: Any, name: str) -> dict[str, Field]:
     """Fields for a gymnasium space (Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple)."""
     from gymnasium import spaces

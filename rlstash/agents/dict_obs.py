@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from rlstash.storage.rollout import flat_keys
+from rlstash.spec import flat_obs
 
 
 class ObsLayout:
@@ -59,7 +59,7 @@ class ObsLayout:
                 f"obs: expected a dict observation with keys {list(self.keys)}, got "
                 f"{type(obs).__name__}"
             )
-        parts = flat_keys(obs)
+        parts = flat_obs("", obs)
         out = []
         for k in self.keys:
             if k not in parts:

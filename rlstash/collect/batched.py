@@ -25,14 +25,13 @@ tensors on one device (ManiSkill3's ``ManiSkillVectorEnv``, Isaac Lab's envs, rl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
 from rlstash.device import CudaOps
-from rlstash.spec import Batch
+from rlstash.spec import Batch, flat_obs
 from rlstash.storage.ram import numpy_view
 from rlstash.storage.stream_direct import check_step_fields
 
@@ -48,17 +47,6 @@ def env_device(env: Any) -> torch.device | None:
         return torch.device(dev)
     except (TypeError, RuntimeError, ValueError):
         return None
-
-
-def flat_obs(prefix: str, obs: Any) -> dict[str, Any]:
-    """``{prefix: obs}``, or for a dict of observations ``{prefix/key: ...}`` (nested dicts
-    joined by ``/``), in the dict's order."""
-    if not isinstance(obs, Mapping):
-        return {prefix: obs}
-    out: dict[str, Any] = {}
-    for key, value in obs.items():
-        out.update(flat_obs(f"{prefix}/{key}", value))
-    return out
 
 
 def cuda_ops_for(device: torch.device) -> CudaOps | None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
@@ -128,11 +128,9 @@ def _lz4_decode_into(block: Any) -> Callable[[int, int, int, int], int] | None:
     call), from the lz4 package's extension module (already loaded: the same library) or the
     system's liblz4. Called through ``ctypes.PyDLL``: it keeps the GIL (a frame decodes in
     well under a microsecond; releasing and taking the GIL back cost ~15% of the call)."""
-    module = getattr(getattr(block, "_block", None), "__file__", None)
-    for path in (module, ctypes.util.find_library("lz4")):
-        try:
-            fn = _symbol(ctypes.PyDLL, path, "LZ4_decompress_safe")
-        except (OSError, AttributeError):
+    for lib in _lz4_libraries(getattr(block, "_block", None)):
+        fn = getattr(lib, "LZ4_decompress_safe", None)
+        if fn is None:
             continue
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         fn.restype = ctypes.c_int
@@ -197,10 +195,9 @@ class LZ4BlockStream:
             store_size=False,
         )
         header = empty[:7]  # magic, FLG, BD, HC (then the end mark)
-        module = getattr(getattr(frame, "_frame", None), "__file__", None)
-        for path in (module, ctypes.util.find_library("lz4")):
+        for lib in _lz4_libraries(getattr(frame, "_frame", None)):
             try:
-                return cls(_library(ctypes.PyDLL, path), header)
+                return cls(lib, header)
             except (OSError, AttributeError):
                 continue
         return None
@@ -277,6 +274,12 @@ def _library(kind: Any, path: str | None) -> Any:
     return kind(path)
 
 
-def _symbol(kind: Any, path: str | None, name: str) -> Any:
-    """Function ``name`` of the shared library ``path`` (OSError/AttributeError if absent)."""
-    return getattr(_library(kind, path), name)
+def _lz4_libraries(extension: Any) -> Iterator[Any]:
+    """The libraries that may hold lz4's C functions, loaded with ``ctypes.PyDLL`` (calls keep
+    the GIL), in order: the lz4 package's ``extension`` module (already loaded: the same
+    code), then the system's liblz4; those that do not load are skipped."""
+    for path in (getattr(extension, "__file__", None), ctypes.util.find_library("lz4")):
+        try:
+            yield _library(ctypes.PyDLL, path)
+        except OSError:
+            continue

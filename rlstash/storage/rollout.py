@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from rlstash.spec import Batch, Field, Spec
+from rlstash.spec import Batch, Field, Spec, flat_obs
 
 Obs = Any  # a tensor, or a dict of tensors by key (a dict observation)
 DICT_PREFIX = "obs/"
@@ -198,7 +198,7 @@ class RolloutStorage:
                 f"got {type(next_obs).__name__}"
             )
         else:
-            parts = flat_keys(next_obs)
+            parts = flat_obs("", next_obs)
         for key, name in self._obs_names("next_obs"):
             if key not in parts:
                 raise ValueError(f"next_obs: missing key {key!r} (got {sorted(parts)})")
@@ -286,18 +286,6 @@ def obs_fields(spec: Spec) -> dict[str, Field]:
             f"spec: expected an 'obs' field (or obs/<key> fields of a dict observation), got "
             f"{sorted(spec)}"
         )
-    return out
-
-
-def flat_keys(obs: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A (nested) dict observation as ``{key: value}`` with nested keys joined by ``/``."""
-    out: dict[str, Any] = {}
-    for key, value in obs.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out.update(flat_keys(value, name + "/"))
-        else:
-            out[name] = value
     return out
 
 

@@ -22,7 +22,7 @@ from rlstash.envs.testing import CountEnv, CrashEnv, HangEnv
 from rlstash.ratelimit import RateLimiter
 from rlstash.storage.stream import StreamStorage
 from tests.envs.helpers import (
-    finish,
+    interrupt,
     kill_tree,
     marked_processes,
     shm_files,
@@ -342,9 +342,7 @@ def test_ctrl_c_leaves_no_process_shm_file_or_warning(method, workers):
         assert _shm_used_by([proc.pid, *workers]) == set()  # anonymous memfd segments only
         proc.stdin.write("go\n")
         proc.stdin.flush()
-        time.sleep(0.3)  # collecting
-        os.killpg(proc.pid, signal.SIGINT)
-        stderr = finish(proc)
+        stderr = interrupt(proc, 0.3)  # while it collects
     finally:
         kill_tree(proc)
     assert "KeyboardInterrupt" in stderr

@@ -112,6 +112,14 @@ def finish(proc: subprocess.Popen, timeout: float = 20.0) -> str:
     return proc.stderr.read() if proc.stderr else ""
 
 
+def interrupt(proc: subprocess.Popen, settle_s: float) -> str:
+    """Let the script run ``settle_s`` seconds, then send SIGINT to its whole process group
+    (what Ctrl-C in a terminal does); its stderr once it ended."""
+    time.sleep(settle_s)
+    os.killpg(proc.pid, signal.SIGINT)
+    return finish(proc)
+
+
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL a script, its process group and everything it marked (test cleanup)."""
     pids = [p.pid for p in marked_processes(proc.pid)]

@@ -233,19 +233,20 @@ while True:
 def test_ctrl_c_while_the_caller_steps_its_share_ends_everything():
     """Ctrl-C to the process group lands in the caller's own env steps as often as in the
     wait for the workers: the workers end, nothing leaks, no warning."""
-    import signal
-    import time
-
-    from tests.envs.helpers import finish, kill_tree, marked_processes, start_script, wait_for_line
+    from tests.envs.helpers import (
+        interrupt,
+        kill_tree,
+        marked_processes,
+        start_script,
+        wait_for_line,
+    )
 
     proc = start_script(CTRL_C)
     try:
         pids = [int(p) for p in wait_for_line(proc, "PIDS").split()[1:]]
         workers = [p.pid for p in marked_processes(proc.pid)]
         assert set(pids) <= set(workers) and len(pids) == 2
-        time.sleep(0.3)  # stepping
-        os.killpg(proc.pid, signal.SIGINT)
-        stderr = finish(proc)
+        stderr = interrupt(proc, 0.3)  # while it steps
     finally:
         kill_tree(proc)
     assert "KeyboardInterrupt" in stderr

@@ -20,6 +20,7 @@ from rlstash.envs.testing import CountEnv
 from tests.envs.helpers import (
     ROOT,
     finish,
+    interrupt,
     kill_tree,
     marked_processes,
     shm_files,
@@ -75,10 +76,8 @@ def _check_clean(proc, workers, before, stderr):
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_ctrl_c_to_the_process_group(method):
     proc, workers, before = _run(method, FOREVER)
-    time.sleep(0.2)  # let it step
-    os.killpg(proc.pid, signal.SIGINT)
     try:
-        stderr = finish(proc)
+        stderr = interrupt(proc, 0.2)  # while it steps
     finally:
         kill_tree(proc)
     assert "KeyboardInterrupt" in stderr
