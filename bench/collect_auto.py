@@ -102,13 +102,9 @@ def main() -> int:
         f"auto chose right (within 15% of the best) in {right}/{len(cells)} cells.",
         "",
     ]
-    text = "\n".join(lines)
-    if args.out:
-        import common  # bench/common.py (the script's folder is on sys.path)
+    import common  # bench/common.py (the script's folder is on sys.path)
 
-        return common.publish(text, args.out, "collect_auto", [])
-    print(text)
-    return 0
+    return common.publish("\n".join(lines), args.out, "collect_auto", [])
 
 
 if __name__ == "__main__":

@@ -153,13 +153,9 @@ def main() -> int:
         "to record their step times, the raw loop's are not).",
         "",
     ]
-    text = "\n".join(lines)
-    if args.out:
-        import common  # bench/common.py (the script's folder is on sys.path)
+    import common  # bench/common.py (the script's folder is on sys.path)
 
-        return common.publish(text, args.out, "collect_timeline", [])
-    print(text)
-    return 0
+    return common.publish("\n".join(lines), args.out, "collect_timeline", [])
 
 
 if __name__ == "__main__":

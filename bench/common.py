@@ -339,14 +339,15 @@ def timed_run(run: Callable[[], Any], info: dict) -> Any:
         info["wall_time_s"] = round(time.time() - start)
 
 
-def publish(text: str, out: str | Path, tag: str, failed: Sequence[str]) -> int:
-    """Write a report to ``out`` (parents created), print it, say where it went and which
-    peers failed; the exit code (1 when any failed)."""
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+def publish(text: str, out: str | Path | None, tag: str, failed: Sequence[str]) -> int:
+    """Print a report, write it to ``out`` (parents created; None: print only) and say where
+    it went and which peers failed; the exit code (1 when any failed)."""
     print(text)
-    print(f"[{tag}] wrote {path}", flush=True)
+    if out is not None:
+        path = Path(out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"[{tag}] wrote {path}", flush=True)
     if failed:
         print(f"[{tag}] FAILED peers: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
