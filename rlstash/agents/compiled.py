@@ -79,6 +79,33 @@ class FlatAdam:
         self.opt.step()
         return norm
 
+    @torch.no_grad()
+    def fused_step(self, max_grad_norm: float | None = None) -> torch.Tensor:
+        """:meth:`step` for a gradient already in ``flat.grad`` (written out, as
+        :mod:`rlstash.agents.ppo_grad` does): clip, then Adam's fused kernel called directly,
+        without ``torch.optim``'s per-step Python (~70 us, 8x the kernel on a small net); the
+        same arithmetic as ``opt.step()``. Returns the norm before clipping (0-dim; 0 when
+        unclipped)."""
+        grad, param = self.flat.grad, self.flat.param
+        if max_grad_norm is not None:
+            norm = self.flat.clip_grad_norm_(max_grad_norm)
+        else:
+            norm = torch.zeros((), device=grad.device)
+        group = self.opt.param_groups[0]
+        if not group.get("fused"):
+            param.grad = grad
+            self.opt.step()
+            return norm
+        state = self.opt.state[param]
+        state["step"].add_(1)
+        torch._fused_adam_(
+            [param], [grad], [state["exp_avg"]], [state["exp_avg_sq"]], [], [state["step"]],
+            amsgrad=False, lr=group["lr"], beta1=group["betas"][0], beta2=group["betas"][1],
+            weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
+            grad_scale=None, found_inf=None,
+        )  # fmt: skip
+        return norm
+
     def apply(self, grad: torch.Tensor, max_grad_norm: float | None = None) -> torch.Tensor:
         """Functional: the same clipping and Adam step as :meth:`step`, from ``grad``, in place
         on the flat vector and the optimizer's state tensors; returns the norm (0-dim)."""

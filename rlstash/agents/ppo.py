@@ -53,6 +53,7 @@ from rlstash.agents.dict_obs import ObsLayout
 from rlstash.agents.gae import rollout_gae
 from rlstash.agents.normalize import ObsNormalizer, RewardScaler
 from rlstash.agents.policies import CategoricalActorCritic, GaussianActorCritic
+from rlstash.agents.ppo_grad import PPOGrad, normalized_advantages, unsupported
 from rlstash.settings import check_types
 from rlstash.storage.rollout import RolloutStorage
 
@@ -91,6 +92,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "HalfCheetah-v5": dict(ZOO_HALF_CHEETAH),
     **{env: dict(CLEANRL_MUJOCO) for env in ("Hopper-v5", "Walker2d-v5", "Ant-v5")},
 }
+BACKWARDS = ("auto", "written", "autograd")
 METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm")
 
 
@@ -137,6 +139,11 @@ class PPOConfig(ConfigMixin):
     total_steps: int = hp(1_000_000, "Env steps of the run (the annealing horizon).")
     seed: int = hp(0, "Seed of the network init and of the policy's sampling.")
     compile: bool | str = hp(COMPILE_DEFAULT, COMPILE_HELP)
+    backward: str = hp(
+        "auto", "Gradient of the eager update: 'written' (the loss's gradient written out for "
+        "MLP actor-critics, rlstash.agents.ppo_grad), 'autograd', or 'auto' (written where it "
+        "applies)."
+    )  # fmt: skip
 
     PRESETS = PRESETS
 
@@ -163,6 +170,10 @@ class PPOConfig(ConfigMixin):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name}: expected > 0 or None (off), got {value!r}")
+        if self.backward not in BACKWARDS:
+            raise ValueError(
+                f"backward: expected one of {', '.join(BACKWARDS)}, got {self.backward!r}"
+            )
         if any((not isinstance(h, int)) or h <= 0 for h in self.net_arch):
             raise ValueError(f"net_arch: expected positive layer widths, got {self.net_arch!r}")
 
@@ -227,7 +238,16 @@ class PPO(AgentBase):
         if cfg.norm_reward:
             nets["reward_scaler"] = RewardScaler(cfg.gamma, cfg.clip_reward)
         policy_group = flat_adam(self, "policy", lr=cfg.learning_rate, eps=cfg.adam_eps)
+        why = unsupported(policy, n_actions, cfg.action_chunk)
+        self._autograd_why = "backward='autograd'" if cfg.backward == "autograd" else why
+        if cfg.backward == "written":
+            if why is not None:
+                raise ValueError(
+                    f"backward: 'written' covers MLP actor-critics, this one has {why}; use "
+                    "backward='auto' (autograd here) or 'autograd'"
+                )
         self._setup(nets, names, {"policy": policy_group})
+        self._written: PPOGrad | None = None
         self.clip_now = torch.zeros((), device=self.device)  # a compiled step's clip range
 
     # --- acting ----------------------------------------------------------------------------
@@ -354,10 +374,22 @@ class PPO(AgentBase):
         self.updates += 1
         if self._compile_now():
             return self._compiled(f"minibatch-{mb['obs'].shape[0]}", self._step)(mb, self.clip_now)
+        written = None if "action_mask" in mb else self.written_grad()
         with self._eager_timed():
+            if written is not None:
+                return written.step(mb, clip)
             loss, stats = self._loss(mb, clip)
             norm = self.groups["policy"].step(loss, self.config.max_grad_norm)
             return torch.stack([*stats, norm]).detach()
+
+    def written_grad(self) -> PPOGrad | None:
+        """The written-out gradient (:mod:`rlstash.agents.ppo_grad`) when ``config.backward``
+        and the networks allow it, over the current optimizer group; None: autograd."""
+        if self._autograd_why is not None:
+            return None
+        if self._written is None or self._written.group is not self.groups["policy"]:
+            self._written = PPOGrad(self.nets["policy"], self.groups["policy"], self.config)
+        return self._written
 
     def _step(self, mb: dict[str, torch.Tensor], clip: torch.Tensor) -> torch.Tensor:
         """:meth:`_loss`, its gradient by ``torch.func`` and Adam in place, as one function of
@@ -382,12 +414,8 @@ class PPO(AgentBase):
         feat, value = net.features_and_value(mb["obs"])  # [B, d], [B]: a shared CNN runs once
         logp, entropy = self._policy_terms(feat, mb["action"], mask)  # [B], [B]
         adv = mb["advantages"]  # [B]
-        if cfg.normalize_advantage and w is None:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        elif cfg.normalize_advantage:
-            mu = mean(adv)
-            std = ((w * (adv - mu) ** 2).sum() / (n_w - 1).clamp_min(1.0)).sqrt()
-            adv = (adv - mu) / (std + 1e-8)
+        if cfg.normalize_advantage:
+            adv = normalized_advantages(adv, w)
         log_ratio = logp - mb["logp"]
         ratio = log_ratio.exp()
         pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip))  # [B]
@@ -412,8 +440,10 @@ class PPO(AgentBase):
         if "reward_scaler" in self.nets:
             done = rollout.terminated | rollout.truncated
             reward = self.nets["reward_scaler"].scale(reward, done, rollout.valid)
-        adv, ret, values = rollout_gae(rollout, self._values, self.config.gamma,
-                                       self.config.gae_lambda, reward)  # fmt: skip
+        # a rollout with action masks takes the autograd update, values included
+        written = None if rollout.action_mask is not None else self.written_grad()
+        adv, ret, values = rollout_gae(rollout, lambda obs: self._values(obs, written),
+                                       self.config.gamma, self.config.gae_lambda, reward)  # fmt: skip
         raw = self._flat_obs(rollout.flat("obs"))  # [T * N, ...]
         data = {"obs": self._pre(raw, self.nets), "raw_obs": raw,
                 "action": rollout.flat("action"), "valid": rollout.valid.reshape(-1),
@@ -423,30 +453,37 @@ class PPO(AgentBase):
         if rollout.action_mask is not None:
             data["action_mask"] = rollout.flat("action_mask")
             mask = ActionMask(data["action_mask"], self.n_actions)
-        data["logp"] = self._old_logp(data["obs"], data["action"], mask)
+        data["logp"] = self._old_logp(data["obs"], data["action"], mask, written)
         data["all_valid"] = rollout.all_valid  # a host bool: no weighting needed
         w = data["valid"].float()
         resid, target = data["returns"] - data["values"], data["returns"]
         data["explained_variance"] = 1 - _wvar(resid, w) / _wvar(target, w).clamp_min(1e-12)
         return data
 
-    def _values(self, obs: torch.Tensor) -> torch.Tensor:
-        """V(s) [B] of stored observations, in pieces of 4096 rows."""
-        net, obs = self.nets["policy"], self._flat_obs(obs)
-        return torch.cat([net.value(self._pre(part, self.nets)) for part in obs.split(4096)])
+    def _values(self, obs: torch.Tensor, written: PPOGrad | None) -> torch.Tensor:
+        """V(s) [B] of stored observations, in pieces of 4096 rows (as ``written`` computes
+        it when given)."""
+        obs = self._flat_obs(obs)
+        value = self.nets["policy"].value if written is None else written.value
+        return torch.cat([value(self._pre(part, self.nets)) for part in obs.split(4096)])
 
     def _flat_obs(self, obs: Any) -> torch.Tensor:
         """Stored observations [B, ...] as the networks take them (dicts flattened)."""
         return obs if self.obs_layout is None else self.obs_layout.flatten(obs)
 
     def _old_logp(
-        self, x: torch.Tensor, action: torch.Tensor, mask: ActionMask | None
-    ) -> torch.Tensor:
-        """log pi(a|s) of the behaviour policy, in pieces of a minibatch (bounded memory)."""
+        self, x: torch.Tensor, action: torch.Tensor, mask: ActionMask | None,
+        written: PPOGrad | None,
+    ) -> torch.Tensor:  # fmt: skip
+        """log pi(a|s) of the behaviour policy, in pieces of a minibatch (bounded memory); as
+        ``written`` computes it when given (so the first epoch's ratio is exactly 1)."""
         huge = self.n_actions is not None and self.n_actions > self.config.action_chunk
         size, parts = (self.config.minibatch_size if huge else 4096), []
         for start in range(0, x.shape[0], size):
             sl = slice(start, start + size)
+            if written is not None:
+                parts.append(written.log_prob(x[sl], action[sl]))
+                continue
             m = None if mask is None else ActionMask(mask.mask[sl], self.n_actions)
             parts.append(self.log_prob_entropy(x[sl], action[sl], m)[0])
         return torch.cat(parts)
