@@ -20,6 +20,11 @@ when asked. Observation normalisation (running mean/std, statistics frozen durin
 updated after its update, so behaviour and update see the same inputs) and reward scaling by
 the running std of the discounted return are options; their statistics are in the state dict.
 
+The eager update of MLP actor-critics (flat observations, a linear categorical head over at most
+``action_chunk`` actions without masks, or a Gaussian with bound 'clip') computes this loss's
+gradient written out, with no autograd graph (:mod:`rlstash.agents.ppo_grad`; ``backward``
+setting): on CartPole's (64, 64) nets it halves the update's time. Other networks use autograd.
+
 Metrics stay on the device as 0-dim tensors; nothing is read on the host per minibatch
 (``target_kl`` reads one number per epoch). Categorical policies never build a one-hot or a
 [B, n] tensor beyond ``action_chunk`` columns (:mod:`rlstash.agents.categorical`).
