@@ -42,6 +42,8 @@ from rlstash.agents.actions import LinearActionHead
 from rlstash.agents.compiled import FlatAdam
 from rlstash.agents.policies import LOG_2PI, CategoricalActorCritic, GaussianActorCritic
 
+SIGMOID_TANH = ("cpu",)  # devices where tanh runs as 2 sigmoid(2z) - 1 (module docstring)
+
 
 def unsupported(policy: nn.Module, n_actions: int | None, action_chunk: int) -> str | None:
     """Why the written-out gradient does not apply to ``policy`` (None: it applies)."""
@@ -84,7 +86,7 @@ class Trunk:
         for linear, act in self.layers:
             if act == "relu":
                 outs.append(_affine(outs[-1], linear).relu_())
-            elif x.device.type == "cpu":  # tanh(z) = 2 sigmoid(2z) - 1 (module docstring)
+            elif x.device.type in SIGMOID_TANH:  # tanh(z) = 2 sigmoid(2z) - 1 (module doc)
                 outs.append(_affine(outs[-1], linear, 2.0).sigmoid_().mul_(2.0).sub_(1.0))
             else:
                 outs.append(_affine(outs[-1], linear).tanh_())

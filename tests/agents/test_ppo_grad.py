@@ -6,6 +6,7 @@ against torch.optim's step."""
 import pytest
 import torch
 
+from rlstash.agents import ppo_grad
 from rlstash.agents.compiled import FlatAdam
 from rlstash.agents.ppo import PPO, PPOConfig
 from rlstash.agents.ppo_grad import PPOGrad, unsupported
@@ -109,6 +110,15 @@ def test_written_update_equals_autograd(case, continuous):
     _assert_same(a, b)
 
 
+def test_torch_tanh_branch_equals_autograd(monkeypatch):
+    """The trunk's torch.tanh branch (GPUs) on CPU: same update as autograd."""
+    monkeypatch.setattr(ppo_grad, "SIGMOID_TANH", ())
+    a, b = _pair(ent_coef=0.01)
+    for seed in range(2):
+        a.update(_rollout(seed=seed)), b.update(_rollout(seed=seed))
+    _assert_same(a, b)
+
+
 def test_first_minibatch_of_an_update_has_a_ratio_of_exactly_one():
     agent = PPO((3,), N_ACT, config=PPOConfig(net_arch=(16,), minibatch_size=32, n_epochs=1))
     out = agent.update(_rollout())  # one minibatch: the behaviour policy's own numbers
@@ -202,3 +212,17 @@ def test_fused_step_equals_torch_optims_step(clip):
     state_a, state_b = a.opt.state[a.flat.param], b.opt.state[b.flat.param]
     for key in ("step", "exp_avg", "exp_avg_sq"):
         assert torch.equal(state_a[key], state_b[key]), key
+
+
+def test_near_deterministic_policy_gradient_equals_autograd():
+    """Saturated tanh units and a policy with p ~ 1: the regime where a hand-written softmax or
+    tanh derivative would go wrong first."""
+    a, b = _pair(net_arch=(32, 32), minibatch_size=32, n_epochs=4)
+    for agent in (a, b):
+        with torch.no_grad():
+            agent.nets["policy"].head.weight.mul_(3000.0)
+            agent.nets["policy"].actor_trunk[1].weight.mul_(8.0)
+    out_a, out_b = a.update(_rollout()), b.update(_rollout())
+    assert float(out_a["entropy"]) < 0.3
+    assert float(out_b["entropy"]) == pytest.approx(float(out_a["entropy"]), rel=1e-4)
+    _assert_same(a, b, atol=1e-4)
