@@ -396,6 +396,14 @@ class PPO(AgentBase):
             self._written = PPOGrad(self.nets["policy"], self.groups["policy"], self.config)
         return self._written
 
+    def _worth_compiling(self) -> bool:
+        """``compile='auto'`` leaves the written-out gradient eager on CPU: the compiled step
+        runs at 0.86-1.10x its rate there (bench/results/updates.md, ppo-256 and ppo-64), not
+        worth a compilation. (On CUDA a compiled step is also a CUDA graph: the usual rule.)"""
+        if self.device.type == "cpu" and self.written_grad() is not None:
+            return False
+        return super()._worth_compiling()
+
     def _step(self, mb: dict[str, torch.Tensor], clip: torch.Tensor) -> torch.Tensor:
         """:meth:`_loss`, its gradient by ``torch.func`` and Adam in place, as one function of
         tensors (compiled; rlstash.agents.compiled)."""

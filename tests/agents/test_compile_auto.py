@@ -165,3 +165,20 @@ def test_train_tells_the_agent_how_many_updates_the_run_takes(algo, tmp_path):
             assert run.agent.planned_updates == 16 * 3 * 2
     finally:
         run.close()
+
+
+def test_auto_leaves_ppos_written_gradient_eager_on_cpu(aot_eager):
+    """PPO's written-out gradient runs at the compiled step's rate on CPU: 'auto' keeps it
+    eager; the autograd update still compiles once past the threshold."""
+    from rlstash.agents.ppo import PPO, PPOConfig
+    from tests.agents.test_ppo_grad import _rollout
+
+    agents = {}
+    for backward in ("auto", "autograd"):
+        agent = PPO((3,), 4, config=PPOConfig(net_arch=(8,), minibatch_size=16, backward=backward))
+        agent.compile_after_s = 1e-9
+        for seed in range(2):
+            agent.update(_rollout(seed=seed))
+        agents[backward] = agent
+    assert agents["auto"]._steps == {} and agents["auto"].compile_seconds == 0
+    assert agents["autograd"]._steps and agents["autograd"].compile_seconds > 0
