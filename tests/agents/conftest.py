@@ -3,6 +3,7 @@ Compiled-update tests use ``aot_eager`` (tests/agents/test_compiled.py explains 
 
 import pytest
 import torch
+from torch._dynamo import trace_rules
 
 import rlstash.agents.compiled as compiled
 
@@ -28,6 +29,10 @@ def no_cuda(monkeypatch):
         monkeypatch.setattr(
             torch, name, getattr(getattr(torch, name), "__wrapped__", getattr(torch, name))
         )
+    # Dynamo maps torch's functions to its rules once per process (functools.cache), from the
+    # objects torch.* holds at that moment: built while an eager test had the wrappers in place,
+    # the map lacks the builtins and refuses them here. Rebuild it with the originals.
+    trace_rules.clear_lru_cache()
 
 
 @pytest.fixture
