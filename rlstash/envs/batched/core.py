@@ -40,6 +40,7 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from rlstash import autoreset
 from rlstash.envs.batched.ops import NumpyOps, TorchOps, ops_for
 
 _M32 = 0xFFFFFFFF
@@ -139,15 +140,6 @@ class ResetPool:
         self.base[sel] = resets[sel]
 
 
-def _autoreset_mode(mode: Any) -> AutoresetMode:
-    try:
-        return AutoresetMode(getattr(mode, "value", mode))
-    except ValueError:
-        raise ValueError(
-            f"autoreset_mode: expected one of {[m.value for m in AutoresetMode]}, got {mode!r}"
-        ) from None
-
-
 class BatchedVectorEnv(VectorEnv):
     """N envs of one :class:`Dynamics` as torch tensors on ``device`` (see the module doc).
 
@@ -156,7 +148,8 @@ class BatchedVectorEnv(VectorEnv):
         num_envs: N.
         device: where the state, observations, rewards and flags live.
         max_episode_steps: time limit; steps beyond it report ``truncated``.
-        autoreset_mode: ``"NextStep"`` (default), ``"SameStep"`` or ``"Disabled"``.
+        autoreset_mode: a ``gymnasium.vector.AutoresetMode`` or its value: ``"NextStep"``
+            (default), ``"SameStep"`` or ``"Disabled"`` (:mod:`rlstash.autoreset`).
     """
 
     def __init__(
@@ -177,7 +170,8 @@ class BatchedVectorEnv(VectorEnv):
         self.device = torch.device(device)
         self.ops: NumpyOps | TorchOps = ops_for(self.device)
         self.max_episode_steps = max_episode_steps
-        self.autoreset_mode = _autoreset_mode(autoreset_mode)
+        self.autoreset_mode = autoreset.resolve(autoreset_mode)
+        # declared, never left to a default: collectors read the mode from here
         self.metadata = {"autoreset_mode": self.autoreset_mode, "render_modes": []}
         self.render_mode = None
         self.single_observation_space = dynamics.single_observation_space
