@@ -40,6 +40,7 @@ from rlstash.collect.env_contract import (
     UndeclaredNextStep,
     check_leading,
     check_step,
+    same_device,
 )
 from rlstash.device import CudaOps
 from rlstash.spec import Batch, flat_obs
@@ -288,7 +289,7 @@ class BatchedPath:
         return fields
 
     def _check(self, name: str, t: Any) -> torch.Tensor:
-        if not isinstance(t, torch.Tensor) or t.device != self.device:
+        if not isinstance(t, torch.Tensor) or not same_device(t.device, self.device):
             where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
             fix = (
                 "wrap the env so that it does, or give it no 'device' attribute to use the "
@@ -331,7 +332,7 @@ class BatchedPath:
 
     def _checked_policy(self, policy: Any, obs: torch.Tensor) -> torch.Tensor:
         actions = policy(obs)
-        if not isinstance(actions, torch.Tensor) or actions.device != self.device:
+        if not isinstance(actions, torch.Tensor) or not same_device(actions.device, self.device):
             where = actions.device if isinstance(actions, torch.Tensor) else type(actions)
             raise ValueError(
                 f"policy: expected actions as a tensor on {self.device} (the env's device), "

@@ -49,6 +49,14 @@ def as_device(value: Any) -> torch.device | None:
         return None
 
 
+def same_device(actual: torch.device, expected: torch.device) -> bool:
+    """A tensor's device (indexed on CUDA) is ``expected``; an ``expected`` without an index
+    (``"cuda"``, as many envs name theirs) takes any index of its type."""
+    if actual.type != expected.type:
+        return False
+    return expected.index is None or actual.index == expected.index
+
+
 def find_device(env: Any) -> tuple[torch.device | None, tuple[str, ...]]:
     """Where a (wrapped) env's outputs live: ``(device or None for host arrays, the names of
     the wrappers looked through to find it)`` (see the module docstring)."""
@@ -158,7 +166,7 @@ def check_vector(
     expected = f"{what} {'tensor' if device is not None else 'array'} of shape [{n}]{where}"
     if device is not None and not isinstance(x, torch.Tensor):
         fix = f"return a torch tensor on {device}, the env's device"
-    elif device is not None and x.device != device:
+    elif device is not None and not same_device(x.device, device):
         fix = f"return it on {device}, the env's device"
     elif device is None and (isinstance(x, Mapping) or x is None):
         fix = "return one value per env"
@@ -262,9 +270,9 @@ class UndeclaredNextStep:
 
 
 _DECLARE = (
-    "declare it: env.metadata['autoreset_mode'] = gymnasium.vector.AutoresetMode.SAME_STEP "
-    "and report the final observations in info['final_obs'] (an rsl_rl-style env: "
-    f"{FROM_RSL_RL})"
+    "declare it: env.metadata['autoreset_mode'] = gymnasium.vector.AutoresetMode.SAME_STEP, "
+    "reporting final observations in info['final_obs'] (or NEXT_STEP, if that is what it "
+    f"does; an rsl_rl-style env: {FROM_RSL_RL})"
 )
 
 

@@ -305,6 +305,8 @@ def _run_episodes(c: Collector, episodes: int, seed: int | None) -> tuple[list[f
     lengths: list[int] = []
     after_done = np.zeros(n, bool)
     obs, _ = c.env.reset(seed=seed)
+    if c.batched is None:
+        check_host_obs(obs, n)
     while (count < target).any():
         obs, reward, term, trunc, _ = c.env.step(c.act(obs))
         live = (count < target) & ~after_done

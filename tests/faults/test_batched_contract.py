@@ -30,7 +30,7 @@ SPEC = {"obs": Field((4,), torch.float32), "action": Field((), torch.int64)}
 def lean_left(obs):
     """CartPole: push left always (episodes end within ~10 steps)."""
     obs = obs["policy"] if isinstance(obs, dict) else obs
-    return torch.zeros(obs.shape[0], dtype=torch.int64)
+    return torch.zeros(obs.shape[0], dtype=torch.int64, device=obs.device)
 
 
 class Bare:
@@ -229,20 +229,21 @@ class FakeRslRl:
     episodes last ``period[i]`` steps: the first two fall (terminated), the others time out
     at ``max_episode_length``; ended envs reset inside step. obs = (step in episode, i)."""
 
-    def __init__(self, style, privileged=True, num_envs=6):
+    def __init__(self, style, privileged=True, num_envs=6, device="cpu"):
         self.style, self.privileged = style, privileged
-        self.num_envs, self.num_actions, self.device = num_envs, 2, torch.device("cpu")
+        self.num_envs, self.num_actions, self.device = num_envs, 2, torch.device(device)
         self.max_episode_length = 7
-        self.fall_at = torch.tensor([3, 5] + [99] * (num_envs - 2))
-        self.episode_length_buf = torch.zeros(num_envs, dtype=torch.int64)
-        self.extras = {}
+        self.fall_at = torch.tensor([3, 5] + [99] * (num_envs - 2), device=self.device)
+        self.episode_length_buf = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
 
     @property
     def period(self):
-        return torch.minimum(self.fall_at, torch.tensor(self.max_episode_length))
+        """[num_envs] (on the host) episode lengths."""
+        return self.fall_at.cpu().clamp(max=self.max_episode_length)
 
     def _obs(self):
-        return torch.stack([self.episode_length_buf.float(), torch.arange(self.num_envs) * 1.0], 1)
+        index = torch.arange(self.num_envs, device=self.device) * 1.0
+        return torch.stack([self.episode_length_buf.float(), index], 1)
 
     def get_observations(self):
         if self.style == 1:
@@ -287,7 +288,7 @@ class Stepper:
 
 def zeros2(obs):
     obs = obs["policy"] if isinstance(obs, dict) else obs
-    return torch.zeros(obs.shape[0], 2)
+    return torch.zeros(obs.shape[0], 2, device=obs.device)
 
 
 @pytest.mark.parametrize("style,privileged", [(1, True), (1, False), (2, True)])
@@ -321,7 +322,7 @@ def test_from_rsl_rl_collects_into_a_stream_with_exact_episode_counts(style, cri
 
     period = raw.period  # [n] episode lengths
     ends = T // period  # episodes ended per env in T steps
-    fell = raw.fall_at <= raw.max_episode_length
+    fell = raw.fall_at.cpu() <= raw.max_episode_length
     assert c.stats.count == int(ends.sum())
     assert sorted(c.stats.lengths) == sorted(int(p) for p, k in zip(period, ends) for _ in range(k))
     assert torch.equal(batch["terminated"].sum(0), torch.where(fell, ends, 0))
@@ -375,3 +376,24 @@ def test_a_saved_stream_reopens_without_the_old_spelling_warning(tmp_path):
         )
         assert again.size == size > 0
         again.close()
+
+
+# ------------------------------------------------------------------ on a GPU
+@pytest.mark.gpu  # runs where CUDA exists (conftest: no tripwire there, skipped elsewhere)
+def test_on_cuda_the_contract_holds_and_tensors_stay_on_the_device():
+    env = VectorWrapper(Groups(CartPoleVectorEnv(num_envs=N, device="cuda")))
+    c = Collector(env, lean_left, frames_per_batch=N * 30, seed=0)
+    assert c.device.type == "cuda"
+    assert c.collect()["obs/critic"].device.type == "cuda" and c.stats.count > 0
+    raw = FakeRslRl(2, device="cuda")
+    c = Collector(rlstash.from_rsl_rl(raw), zeros2, frames_per_batch=6 * 30)
+    b = c.collect()
+    assert b["terminated"].device.type == "cuda" and b["final_obs"].device.type == "cuda"
+    assert c.stats.count == int((30 // raw.period).sum())
+    declared = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+    bad = Bare(CartPoleVectorEnv(num_envs=N, device="cuda"), declared, BAD["reward [N, 1]"][0])
+    with pytest.raises(ValueError, match=r"reward: expected .* on cuda:0, got .*\[4, 1\]"):
+        Collector(bad, lean_left, N * 5, seed=0).collect()
+    same = CartPoleVectorEnv(num_envs=N, device="cuda", autoreset_mode="SameStep")
+    with pytest.raises(ValueError, match=r"no reset step.*declare it"):
+        Collector(Bare(same, strip_info=True), lean_left, N * 40, seed=0).collect()

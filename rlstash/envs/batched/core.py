@@ -140,6 +140,14 @@ class ResetPool:
         self.base[sel] = resets[sel]
 
 
+def _indexed(device: torch.device) -> torch.device:
+    """``cuda`` as the device its tensors land on (``cuda:<current>``), so that ``device``
+    equals the ``.device`` of every tensor the env returns; other devices as they are."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class BatchedVectorEnv(VectorEnv):
     """N envs of one :class:`Dynamics` as torch tensors on ``device`` (see the module doc).
 
@@ -167,7 +175,7 @@ class BatchedVectorEnv(VectorEnv):
                 f"max_episode_steps: expected a positive int, got {max_episode_steps!r}"
             )
         self.dynamics, self.num_envs = dynamics, num_envs
-        self.device = torch.device(device)
+        self.device = _indexed(torch.device(device))
         self.ops: NumpyOps | TorchOps = ops_for(self.device)
         self.max_episode_steps = max_episode_steps
         self.autoreset_mode = autoreset.resolve(autoreset_mode)
