@@ -37,6 +37,9 @@ TOKEN = {mode: name for name, mode in BY_TOKEN.items()}
 DEFAULT = AutoresetMode.NEXT_STEP
 """gymnasium's default: the mode of an env whose metadata does not say."""
 
+STEP_MODES = (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP)
+"""The modes collectors and streams take (with ``Disabled`` nobody resets ended envs)."""
+
 
 def resolve(
     value: Any, name: str = "autoreset_mode", allowed: Iterable[AutoresetMode] | None = None
@@ -97,4 +100,4 @@ def user_stacklevel() -> int:
     return level
 
 
-__all__ = ["BY_TOKEN", "DEFAULT", "TOKEN", "declared", "of_env", "resolve"]
+__all__ = ["BY_TOKEN", "DEFAULT", "STEP_MODES", "TOKEN", "declared", "of_env", "resolve"]

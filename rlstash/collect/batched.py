@@ -257,7 +257,7 @@ class BatchedPath:
         self._side: Any = None
         declared = autoreset.declared(env)
         mode = autoreset.DEFAULT if declared is None else declared
-        if mode not in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
+        if mode not in autoreset.STEP_MODES:
             raise ValueError(
                 f"env: autoreset_mode {mode.value!r} is not supported by the Collector; make "
                 "the env with autoreset_mode NextStep or SameStep"

@@ -13,8 +13,8 @@ step (invariant I11), so that a misread env fails loudly before anything is stor
   rewards, dones, extras)``: five values, read as gymnasium's they would be misread (rewards as
   ``terminated``). Such an env is recognised (it has rsl_rl's ``get_observations`` and is no
   gymnasium ``VectorEnv``; or its step returns 4 values ending with a dict, or 5 whose second
-  is None or whose third, gymnasium's ``terminated``, is a float tensor) and refused with the
-  fix, :func:`rlstash.envs.from_rsl_rl`.
+  is None or whose third, gymnasium's ``terminated``, is a float tensor while the fourth is
+  bool or integer) and refused with the fix, :func:`rlstash.envs.from_rsl_rl`.
 * **Shapes, dtypes, devices.** ``reward`` real-valued ``[N]``, ``terminated``/``truncated``
   bool ``[N]``, every observation field ``[N, ...]``, all on the env's device (batched path)
   or host arrays (host path). A reward ``[N, 1]`` is refused, never broadcast.
@@ -120,12 +120,13 @@ def split_step(env: Any, result: Any) -> tuple[Any, Any, Any, Any, Any]:
             "env.step: expected gymnasium's 5 values (obs, reward, terminated, truncated, "
             f"info), got {describe(result) if n is None else f'{n} values'}; return them so"
         )
-    reward, terminated = result[1], result[2]
-    if reward is None or _kind(terminated) == "f":
+    reward, terminated, truncated = result[1:4]
+    if reward is None or (_kind(terminated) == "f" and _kind(truncated) in "biu"):
         raise rsl_rl_refusal(
             env,
             "returned (obs, privileged_obs, rewards, dones, extras) from step (the second "
-            "value is None or the third, gymnasium's terminated, holds float rewards)",
+            "value is None, or the third, gymnasium's terminated, holds float rewards and the "
+            "fourth integer or bool dones)",
         )
     return result
 

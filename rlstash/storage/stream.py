@@ -75,7 +75,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode
 
 from rlstash import autoreset as modes
 from rlstash.core import Index, Storage
@@ -123,9 +122,8 @@ class StreamStorage:
             frames compressed with lz4 or zstd, decoded on read) or a factory ``(spec, capacity) -> storage``. A factory with a ``path``
             must return a storage whose data persist there (a TieredStorage over a disk cold
             tier at ``path``): the stream keeps its bookkeeping beside it and resumes.
-        autoreset: gymnasium's ``AutoresetMode.NEXT_STEP`` or ``SAME_STEP`` (or their values
-            ``"NextStep"``, ``"SameStep"``; see the module docstring). The old spelling
-            ``"next_step"``/``"same_step"`` warns (:mod:`rlstash.autoreset`).
+        autoreset: gymnasium's ``AutoresetMode.NEXT_STEP``/``SAME_STEP`` or ``"NextStep"``/
+            ``"SameStep"`` (module docstring; the old ``"next_step"`` warns: rlstash.autoreset).
         reads: n-step, gamma and frame stacking of reads (:class:`ReadSpec`).
         stacked_input: observations arrive stacked ``[k, ...]``; only the newest frame is stored.
     """
@@ -138,7 +136,7 @@ class StreamStorage:
         backing: str | FrameCompression | Callable[[Spec, int], Storage] = "ram",
         device: str | torch.device = "cpu",
         path: str | os.PathLike | None = None,
-        autoreset: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        autoreset: modes.AutoresetMode | str = modes.DEFAULT,
         reads: ReadSpec | None = None,
         stacked_input: bool = False,
         allow_overcommit: bool = False,
@@ -147,9 +145,7 @@ class StreamStorage:
         for name, v in (("num_envs", num_envs), ("capacity", capacity)):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
-        autoreset = modes.resolve(
-            autoreset, "autoreset", (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP)
-        )
+        autoreset = modes.resolve(autoreset, "autoreset", modes.STEP_MODES)
         reads = ReadSpec() if reads is None else reads
         if not isinstance(reads, ReadSpec):
             raise TypeError(f"reads: expected a ReadSpec, got {type(reads).__name__}")

@@ -178,6 +178,11 @@ BAD = {
         ValueError,
         r"reward: expected .* on cpu, got a float32 array \[4\]; return a torch tensor on cpu",
     ),
+    "float flags": (
+        {"terminated": lambda x: x.float(), "truncated": lambda x: x.float()},
+        ValueError,  # a gymnasium env with float flags, not taken for rsl_rl's tuple
+        r"terminated: expected a bool tensor .*got a torch.float32 tensor \[4\].*\(.bool\(\)\)",
+    ),
     "reward bool": (
         {"reward": lambda r: r > 0},
         ValueError,
