@@ -23,7 +23,12 @@ from rlstash.envs.launch import START_METHODS, default_start_method
 
 OVERSUBSCRIPTION = 2  # warn when workers > this many times the usable cores
 
-MODE_ENUM = {token: mode for mode, token in autoreset.TOKEN.items()}
+MODE_ENUM = {  # the pool's internal names (rlstash.autoreset.TOKEN; spelled out: importing
+    # rlstash.autoreset may be what first imports gymnasium, whose import hook imports this)
+    "next_step": AutoresetMode.NEXT_STEP,
+    "same_step": AutoresetMode.SAME_STEP,
+    "disabled": AutoresetMode.DISABLED,
+}
 
 
 def factories(
