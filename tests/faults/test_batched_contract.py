@@ -230,7 +230,8 @@ def test_host_path_rewards_are_checked_too():
 class FakeRslRl:
     """rsl_rl's VecEnv as legged_gym implements it (``style=1``: step returns (obs,
     privileged_obs, rew, reset_buf, extras), bool flags) or Isaac Lab's RslRlVecEnvWrapper /
-    Genesis (``style=2``: (obs, rew, dones, extras), int dones, float time_outs). Env i's
+    Genesis (``style=2``: (obs, rew, dones, extras), int dones, float time_outs; ``style=3``:
+    the same with observation groups, rsl_rl 3's TensorDict, as a dict). Env i's
     episodes last ``period[i]`` steps: the first two fall (terminated), the others time out
     at ``max_episode_length``; ended envs reset inside step. obs = (step in episode, i)."""
 
@@ -253,6 +254,8 @@ class FakeRslRl:
     def get_observations(self):
         if self.style == 1:
             return self._obs()
+        if self.style == 3:
+            return {"policy": self._obs(), "critic": self._obs() * 10}
         return self._obs(), {"observations": {"critic": self._obs() * 10}}
 
     def get_privileged_observations(self):
@@ -275,6 +278,8 @@ class FakeRslRl:
             extras = {"time_outs": time_outs}
             return obs, self.get_privileged_observations(), rew, dones, extras
         extras = {"time_outs": time_outs.float(), "observations": {"critic": obs * 10}}
+        if self.style == 3:
+            obs, extras = self.get_observations(), {"time_outs": time_outs}
         return obs, rew, dones.long(), extras
 
 
@@ -306,7 +311,7 @@ def test_rsl_rl_step_tuples_are_refused_with_the_fix(style, privileged):
         c.collect()
 
 
-@pytest.mark.parametrize("style,critic", [(1, False), (2, False), (1, True), (2, True)])
+@pytest.mark.parametrize("style,critic", [(1, False), (2, False), (1, True), (2, True), (3, False)])
 def test_from_rsl_rl_collects_into_a_stream_with_exact_episode_counts(style, critic):
     """rsl_rl's same-step resets become gymnasium's SameStep with the documented stand-in
     final observation (the one the last step started from); terminated = dones & ~time_outs,
@@ -320,7 +325,7 @@ def test_from_rsl_rl_collects_into_a_stream_with_exact_episode_counts(style, cri
     c = Collector(env, zeros2, frames_per_batch=n * T)
     assert c.batched is not None and c.same_step
     batch = c.collect()
-    keys = ["obs/policy", "obs/critic"] if critic else ["obs"]
+    keys = ["obs/policy", "obs/critic"] if critic or style == 3 else ["obs"]
     spec = {k: Field((2,), torch.float32) for k in keys} | {"action": Field((2,), torch.float32)}
     store = StreamStorage(spec, n, n * 64, autoreset=AutoresetMode.SAME_STEP)
     store.extend(batch)
@@ -335,12 +340,12 @@ def test_from_rsl_rl_collects_into_a_stream_with_exact_episode_counts(style, cri
     got = store.read(np.flatnonzero(store.valid))
     assert int(got["terminated"].sum()) == int(ends[fell].sum())
     assert int(got["truncated"].sum()) == int(ends[~fell].sum())
-    first = "obs/policy" if critic else "obs"
+    first = keys[0]
     ended = got["terminated"] | got["truncated"]
     # the stand-in: an episode's last transition bootstraps from the obs it started from
     torch.testing.assert_close(got["next_" + first][ended], got[first][ended])
     assert (got[first][ended][:, 0] == period[got[first][ended][:, 1].long()] - 1).all()
-    if critic:
+    if len(keys) == 2:
         torch.testing.assert_close(got["obs/critic"], got["obs/policy"] * 10)
 
 
