@@ -92,7 +92,7 @@ class AsyncCollector:
         max_restarts: int = 3,
         step_timeout: float | None = None,
         rate_limiter: Any = None,
-        autoreset_mode: str = "next_step",
+        autoreset_mode: str | Any = "NextStep",
         slots_per_worker: int = 3,
     ) -> None:
         """Start the workers (returns once every worker built its envs and policy).
@@ -115,7 +115,8 @@ class AsyncCollector:
                 chunk of T steps within ``T * step_timeout`` is killed and restarted.
             rate_limiter: a :class:`~rlstash.ratelimit.RateLimiter`; each batch waits for
                 ``wait_insert(frames_per_batch)`` (the caller reports ``on_insert``).
-            autoreset_mode: ``"next_step"`` (default) or ``"same_step"`` (adds ``final_obs``).
+            autoreset_mode: ``"NextStep"`` (default) or ``"SameStep"`` (adds ``final_obs``): a
+                ``gymnasium.vector.AutoresetMode`` or its value (:mod:`rlstash.autoreset`).
             slots_per_worker: K >= 2 chunk slots per worker (how far a worker may run ahead).
         """
         if isinstance(policy_factory, torch.nn.Module) or not callable(policy_factory):
@@ -135,7 +136,7 @@ class AsyncCollector:
         K = config.check_positive_int("slots_per_worker", slots_per_worker, minimum=2)
         mode = config.autoreset_mode(autoreset_mode)
         if mode == "disabled":
-            raise ValueError("autoreset_mode: expected 'next_step' or 'same_step', got 'disabled'")
+            raise ValueError("autoreset_mode: expected 'NextStep' or 'SameStep', got 'Disabled'")
         method = _start_method(start_method)
         timeout = config.step_timeout(step_timeout)
         restarts = config.check_positive_int("max_restarts", max_restarts, minimum=0)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from rlstash import autoreset
 from rlstash.envs import registry
 from rlstash.envs.cpus import usable_cpus
 from rlstash.envs.errors import OversubscriptionWarning, SpaceMismatchError, user_stacklevel
@@ -22,15 +23,8 @@ from rlstash.envs.launch import START_METHODS, default_start_method
 
 OVERSUBSCRIPTION = 2  # warn when workers > this many times the usable cores
 
-_MODES = {
-    "next_step": "next_step",
-    "same_step": "same_step",
-    "disabled": "disabled",
-    AutoresetMode.NEXT_STEP.value: "next_step",
-    AutoresetMode.SAME_STEP.value: "same_step",
-    AutoresetMode.DISABLED.value: "disabled",
-}
-MODE_ENUM = {
+MODE_ENUM = {  # the pool's internal names (rlstash.autoreset.TOKEN; spelled out: importing
+    # rlstash.autoreset may be what first imports gymnasium, whose import hook imports this)
     "next_step": AutoresetMode.NEXT_STEP,
     "same_step": AutoresetMode.SAME_STEP,
     "disabled": AutoresetMode.DISABLED,
@@ -77,14 +71,10 @@ def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
 
 
 def autoreset_mode(value: str | AutoresetMode) -> str:
-    """``"next_step"``, ``"same_step"`` or ``"disabled"`` from a name or the gymnasium enum."""
-    key = value.value if isinstance(value, AutoresetMode) else value
-    if not isinstance(key, str) or key not in _MODES:
-        raise ValueError(
-            f"autoreset_mode: expected one of 'next_step', 'same_step', 'disabled' or a "
-            f"gymnasium.vector.AutoresetMode, got {value!r}"
-        )
-    return _MODES[key]
+    """The pool's internal name of a mode (``"next_step"``, ``"same_step"``, ``"disabled"``)
+    from gymnasium's :class:`AutoresetMode` or its value (:func:`rlstash.autoreset.resolve`:
+    the old spelling warns, anything else is a ValueError)."""
+    return autoreset.TOKEN[autoreset.resolve(value)]
 
 
 def num_workers(value: int | str | None, num_envs: int) -> int | str:

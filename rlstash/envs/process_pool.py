@@ -98,7 +98,7 @@ class ProcessPoolVectorEnv(VectorEnv):
         *,
         step_timeout: float | None = None,
         max_restarts: int = 3,
-        autoreset_mode: str | Any = "next_step",
+        autoreset_mode: str | Any = "NextStep",
         env_kwargs: Mapping[str, Any] | None = None,
         worker_env: Mapping[str, str] | None = None,
         context: str | None = None,
@@ -125,8 +125,9 @@ class ProcessPoolVectorEnv(VectorEnv):
                 and restarted; None waits (a dead worker is still detected at once).
             max_restarts: failures tolerated per worker before :class:`WorkerFailedError`;
                 with 0, an exception raised in an env is re-raised here as it is.
-            autoreset_mode: ``"next_step"`` (default), ``"same_step"``, ``"disabled"`` or a
-                ``gymnasium.vector.AutoresetMode`` (or its value).
+            autoreset_mode: a ``gymnasium.vector.AutoresetMode`` or its value:
+                ``"NextStep"`` (default), ``"SameStep"``, ``"Disabled"`` (the old
+                ``"next_step"`` spelling warns: :mod:`rlstash.autoreset`).
             env_kwargs: keyword arguments for every factory / ``gymnasium.make``.
             worker_env: extra environment variables for workers, e.g.
                 ``{"OMP_NUM_THREADS": "4"}`` (defaults: CUDA hidden, one thread per library).

@@ -121,7 +121,7 @@ def build_onpolicy_run(cfg: Any, run_dir: Path, state: dict[str, Any] | None = N
             env = builders.make_batched_env(cfg.env, num_envs, cfg.workers, device, same_step=True)
         else:
             env = ProcessPoolVectorEnv(
-                source, num_envs=num_envs, num_workers=cfg.workers, autoreset_mode="same_step"
+                source, num_envs=num_envs, num_workers=cfg.workers, autoreset_mode="SameStep"
             )
         undo.callback(env.close)
         agent = builders.make_agent(cfg, agent_cfg, info, device)
