@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlstash.train.flags import int_at_least, ints_at_least, positive_float
+from rlstash.train.flags import compute_device, int_at_least, ints_at_least, positive_float
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -56,7 +56,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     b.add_argument("--chunk", type=count, default=256, help="rows per replay extend (256)")
     b.add_argument("--storage", default="ram", choices=["ram", "disk"], help="replay storage")
-    b.add_argument("--device", default="cpu", help="device of sampled batches and the learner")
+    b.add_argument(
+        "--device", type=compute_device, default="cpu",
+        help="device of sampled batches and the learner (cpu, cuda[:N], auto)",
+    )  # fmt: skip
     b.add_argument(
         "--seconds", type=positive_float, default=1.0, help="timing per measurement (1.0)"
     )

@@ -79,6 +79,18 @@ def ints_at_least(low: int, words: tuple[str, ...] = ()) -> Callable[[str], tupl
     return parse
 
 
+def compute_device(text: str) -> str:
+    """An argparse ``type``: a device that computes (cpu, cuda[:N], auto; not meta), checked by
+    spelling and type only (:func:`rlstash.device.check_device`: no CUDA call)."""
+    from rlstash.device import COMPUTE, check_device
+
+    try:
+        check_device(text, "device", COMPUTE)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("device: ")) from None
+    return text
+
+
 def positive_float(text: str) -> float:
     """An argparse ``type``: a finite float > 0 (a time, a fraction)."""
     try:
@@ -304,6 +316,7 @@ __all__ = [
     "Given",
     "add_train_flags",
     "agent_settings",
+    "compute_device",
     "flag",
     "given_flags",
     "int_at_least",
