@@ -149,7 +149,7 @@ def _plan_compression(args: argparse.Namespace) -> Any:
     rules of ``rlstash train --compress`` (:func:`rlstash.train.config.check_compression`:
     the same function), the budget against the plan's lanes; errors name the flag."""
     from rlstash.settings import SettingError
-    from rlstash.train.config import check_compression
+    from rlstash.train.config import check_compression, flag
 
     lanes = args.capacity // args.num_envs if args.layout == "stream" else None
     try:
@@ -159,7 +159,7 @@ def _plan_compression(args: argparse.Namespace) -> Any:
             device_setting="device",
         )  # fmt: skip
     except SettingError as exc:
-        raise ValueError(exc.text("--" + exc.name.replace("_", "-"))) from None
+        raise ValueError(exc.text(flag(exc.name))) from None
 
 
 def _check_plan_args(args: argparse.Namespace) -> None:

@@ -44,10 +44,9 @@ class TrainConfig:
     steps: int | None = s(
         None,
         "Env steps at most; the run stops earlier once evaluations stay at --threshold "
-        "(default: the env's). Default 100,000 (algos.DEFAULT_STEPS); on-policy algorithms "
-        "(ppo) count it in rollouts of the env's preset: PPO CartPole-v1 makes the 391 "
-        "rollouts of 8 envs x 32 steps that 100,000 steps are there at any --envs or "
-        "--rollout-steps (1024 envs: 12.8M steps).",
+        "(default: the env's). Default 100,000; on-policy algorithms (ppo) take it in rollouts "
+        "of the env's preset, making as many rollouts at any --envs or --rollout-steps (PPO "
+        "CartPole-v1: 391 rollouts of 8 envs x 32 steps; 12.8M steps at --envs 1024).",
         group="run",
     )
     seed: int = s(0, "Seed of envs, replay sampling and the agent's networks.", group="run")
