@@ -132,3 +132,25 @@ def test_async_restart_hanging_in_reset_fails_within_step_timeout(tmp_path):
     ]
     assert f"step_timeout={STEP} s" in err.events[1].error
     assert wait_gone([victim] + [e.pid for e in err.events] + _our_processes()) == []
+
+
+def _ray_collector(**timeouts):
+    from rlstash.collect.ray import RayCollector
+
+    return RayCollector("CartPole-v1", _Zero, 1, 1, 4, **timeouts)
+
+
+@pytest.mark.parametrize(
+    ("make", "name", "value"),
+    [
+        (lambda v: ProcessPoolVectorEnv(CountEnv, 2, start_timeout=v), "start_timeout", 0),
+        (lambda v: ProcessPoolVectorEnv(CountEnv, 2, step_timeout=v), "step_timeout", np.inf),
+        (lambda v: AsyncCollector(CountEnv, _Zero, 1, 4, start_timeout=v), "start_timeout", -1),
+        (lambda v: _ray_collector(request_timeout=v), "request_timeout", float("inf")),
+        (lambda v: _ray_collector(restart_timeout=v), "restart_timeout", None),
+    ],
+)
+def test_timeouts_are_checked_before_anything_starts(make, name, value):
+    with pytest.raises(ValueError, match=rf"{name}: expected seconds > 0"):
+        make(value)
+    assert _our_processes() == []
