@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import functools
 import numbers
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,8 +22,10 @@ from rlstash.envs import registry
 from rlstash.envs.cpus import usable_cpus
 from rlstash.envs.errors import OversubscriptionWarning, SpaceMismatchError, user_stacklevel
 from rlstash.envs.launch import START_METHODS, default_start_method
+from rlstash.envs.shutdown import CLOSE_TIMEOUT
 
 OVERSUBSCRIPTION = 2  # warn when workers > this many times the usable cores
+START_TIMEOUT = 120.0  # default start_timeout: seconds for a worker to build its envs
 
 MODE_ENUM = {  # the pool's internal names (rlstash.autoreset.TOKEN; spelled out: importing
     # rlstash.autoreset may be what first imports gymnasium, whose import hook imports this)
@@ -152,12 +156,45 @@ def start_method(value: str | None, name: str = "context") -> str:
     return value
 
 
-def step_timeout(value: float | None) -> float | None:
+def step_timeout(value: float | None, name: str = "step_timeout") -> float | None:
+    """Seconds > 0 (finite) or None; ValueError naming ``name`` otherwise."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
-        raise ValueError(f"step_timeout: expected seconds > 0 or None, got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not 0 < value < float("inf")
+    ):
+        raise ValueError(f"{name}: expected seconds > 0 or None, got {value!r}")
     return float(value)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """The bound of every wait for a worker process, from the pool's (or collector's)
+    settings; one object, so that no wait has a bound of its own.
+
+    * ``start``: a worker starts, builds its envs (INIT) and maps the shared memory
+      (ATTACH): at the pool's start and at every restart (``start_timeout``).
+    * ``step``: one step, reset or call, the reset of a restarted worker's envs included
+      (``step_timeout``).
+    * ``close``: a worker ends after CLOSE, or is reaped after SIGKILL.
+
+    None waits (a worker that dies is still noticed at once: its pipe closes).
+    """
+
+    start: float | None = START_TIMEOUT
+    step: float | None = None
+    close: float = CLOSE_TIMEOUT
+
+    def deadline(self, which: str) -> float | None:
+        """``time.monotonic()`` + the ``which`` bound (``"start"``, ``"step"``), or None."""
+        seconds = getattr(self, which)
+        return None if seconds is None else time.monotonic() + seconds
+
+    def describe(self, which: str) -> str:
+        """``"step_timeout=2.0 s"``: the setting that bounds ``which``, for error texts."""
+        return f"{which}_timeout={getattr(self, which)} s"
 
 
 def seed(value: int | None) -> int | None:
