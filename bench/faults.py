@@ -101,7 +101,9 @@ def report(scenarios: list[Scenario], seconds: float) -> str:
     for s in sorted(scenarios, key=lambda s: s.group):
         result = s.outcome if not s.detail else f"{s.outcome}: {s.detail}"
         what = s.what.replace("|", "\\|")
-        lines.append(f"| {s.group} | `{s.name}` | {what} | {result.replace('|', '/')} | {s.seconds:.1f} |")
+        lines.append(
+            f"| {s.group} | `{s.name}` | {what} | {result.replace('|', '/')} | {s.seconds:.1f} |"
+        )
     lines += [
         "",
         f"**{held} held, {failed} failed, {skipped} skipped, of {len(scenarios)} scenarios.**",
@@ -112,7 +114,9 @@ def report(scenarios: list[Scenario], seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="also write the report (markdown) here")
-    ap.add_argument("-k", default=None, help="only the scenarios matching this pytest -k expression")
+    ap.add_argument(
+        "-k", default=None, help="only the scenarios matching this pytest -k expression"
+    )
     args = ap.parse_args(argv)
     rec = Recorder()
     pytest_args = [str(FAULTS), "-q", "-p", "no:cacheprovider", "--no-header", "-rN"]

@@ -220,7 +220,7 @@ class Fleet(Backend):
             raise Failure("died", self._death_text(h)) from None
         except P.ReplyTimeout:
             limit = self.timeouts.describe(bound)
-            what = "its envs' reset" if bound == "step" else "start"
+            what = "its envs' reset" if bound in ("step", "restart") else "start"
             raise Failure("timeout", f"no answer to {what} within {limit}") from None
         if tag == L.ERROR:
             raise Failure("exception", pickle.loads(payload)["traceback"])
@@ -332,7 +332,7 @@ class Fleet(Backend):
                 self._await(h, self.timeouts.deadline("start"))
                 lanes = np.zeros(len(h.envs), bool) if h.bridge is None else h.bridge[0]
                 self._attach(h, self.fresh_seeds(len(h.envs)), lanes)
-                self._await(h, self.timeouts.deadline("step"), "step")  # ATTACH resets
+                self._await(h, self.timeouts.deadline("restart"), "restart")  # ATTACH resets
                 h.progress = time.monotonic()
                 return
             except Failure as f:

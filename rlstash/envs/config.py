@@ -176,8 +176,10 @@ class Timeouts:
 
     * ``start``: a worker starts, builds its envs (INIT) and maps the shared memory
       (ATTACH): at the pool's start and at every restart (``start_timeout``).
-    * ``step``: one step, reset or call, the reset of a restarted worker's envs included
-      (``step_timeout``).
+    * ``step``: one step, reset or call (``step_timeout``).
+    * ``restart``: the reset of a restarted worker's envs, the last part of a restart:
+      ``step_timeout`` when set, else ``start_timeout`` (a restart is never waited on
+      without a bound while the pool has one).
     * ``close``: a worker ends after CLOSE, or is reaped after SIGKILL.
 
     None waits (a worker that dies is still noticed at once: its pipe closes).
@@ -187,6 +189,10 @@ class Timeouts:
     step: float | None = None
     close: float = CLOSE_TIMEOUT
 
+    @property
+    def restart(self) -> float | None:
+        return self.start if self.step is None else self.step
+
     def deadline(self, which: str) -> float | None:
         """``time.monotonic()`` + the ``which`` bound (``"start"``, ``"step"``), or None."""
         seconds = getattr(self, which)
@@ -194,6 +200,8 @@ class Timeouts:
 
     def describe(self, which: str) -> str:
         """``"step_timeout=2.0 s"``: the setting that bounds ``which``, for error texts."""
+        if which == "restart":
+            which = "start" if self.step is None else "step"
         return f"{which}_timeout={getattr(self, which)} s"
 
 

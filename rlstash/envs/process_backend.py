@@ -422,7 +422,7 @@ class ProcessBackend(Backend):
 
     def _fresh_worker(self, slot: _Slot, codes: list[int]) -> None:
         """Start a worker in ``slot``: build and attach within ``start_timeout``, reset its
-        envs within ``step_timeout``; a :class:`_Failure` otherwise."""
+        envs within ``step_timeout`` (``start_timeout`` when none is set); a :class:`_Failure` otherwise."""
         self._new_process(slot)
         deadline = self.timeouts.deadline("start")
         self._send(slot, P.INIT, self._init_payload(slot))
@@ -435,7 +435,7 @@ class ProcessBackend(Backend):
         self._recv(slot, deadline, "start")
         seeds = self.fresh_seeds(len(slot.envs))
         self._send(slot, P.RESET, pickle.dumps((seeds, None, None, codes)))
-        self._absorb(slot, self._recv(slot, self.timeouts.deadline("step"), "step"))
+        self._absorb(slot, self._recv(slot, self.timeouts.deadline("restart"), "restart"))
 
     # --- calls ------------------------------------------------------------------------
     def _command_all(self, tag: bytes, payloads: list[bytes], what: str) -> list[Any]:

@@ -73,6 +73,35 @@ def test_pool_restart_hanging_in_reset_fails_within_step_timeout(tmp_path):
     assert wait_gone([victim] + [e.pid for e in err.events] + _our_processes()) == []
 
 
+def test_pool_restart_without_step_timeout_is_bounded_by_start_timeout(tmp_path):
+    """A restarted worker hanging in reset, with no step_timeout set: the restart is still
+    bounded (by start_timeout), never waited on for ever."""
+    hang, armed = _hangs_in_reset_once_armed(tmp_path)
+    fns = [CountEnv, CountEnv, hang, hang]
+    zero = np.zeros(4, dtype=np.int64)
+    start = 10.0  # generous: the pool's own start on a loaded machine is bounded by it too
+    pool = ProcessPoolVectorEnv(fns, num_workers=2, seed=0, start_timeout=start, max_restarts=1)
+    try:
+        pool.reset()
+        pool.step(zero)
+        armed.touch()
+        victim = pool.worker_pids[1]
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerFailedError) as info:
+            pool.step(zero)  # died -> the restart hangs in reset -> budget spent
+        took = time.monotonic() - t0
+    finally:
+        pool.close()
+    assert took < 3 * start, f"{took:.0f} s: a restart's reset without step_timeout was unbounded"
+    assert [(e.reason, e.command) for e in info.value.events] == [
+        ("died", "step"),
+        ("timeout", "restart"),
+    ]
+    assert f"start_timeout={start} s" in info.value.events[1].error
+    assert wait_gone([victim] + [e.pid for e in info.value.events] + _our_processes()) == []
+
+
 def test_pool_restart_hanging_once_in_reset_counts_and_recovers(tmp_path):
     hang, armed = _hangs_in_reset_once_armed(tmp_path, once=True)
     zero = np.zeros(4, dtype=np.int64)
