@@ -1,3 +1,3 @@
-from rlstash.train.cli import main
+from rlstash.cli import main
 
 raise SystemExit(main())

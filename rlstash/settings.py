@@ -9,7 +9,7 @@ each field once::
 
 and gets from it everything else: :func:`check_types` refuses a value of the wrong type with
 the field named (``learning_rate: expected a float, got 'abc'``), :func:`parse_text` turns a
-command-line string into the field's type, and :mod:`rlstash.train.flags` makes the
+command-line string into the field's type, and :mod:`rlstash.cli.flags` makes the
 ``--learning-rate`` flag whose ``--help`` is the help text. Range rules stay in each class's
 ``__post_init__``, raising :class:`SettingError` (or a ValueError that names the field).
 """

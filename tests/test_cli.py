@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+import ast
+import dataclasses
+import importlib
+from pathlib import Path
+
 import pytest
 
-from rlstash.train import cli
+import rlstash
+from rlstash import cli
+from rlstash.train.config import flag
 
 
 def test_parse_field():
@@ -21,7 +29,7 @@ def test_parse_field_errors(text):
 
 
 def test_plan_default_atari_buffer(capsys):
-    rc = cli.main(["plan", "--capacity", "1000"])
+    rc = cli.main(["plan", "--buffer-size", "1000"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "28,224,000" in out  # 1000 rows of 4x84x84 uint8, exact
@@ -29,13 +37,13 @@ def test_plan_default_atari_buffer(capsys):
 
 
 def test_plan_from_env(capsys):
-    assert cli.main(["plan", "--env", "CartPole-v1", "--capacity", "100"]) == 0
+    assert cli.main(["plan", "--env", "CartPole-v1", "--buffer-size", "100"]) == 0
     out = capsys.readouterr().out
     assert "next_obs" in out and "1,600" in out  # 100 x 4 float32
 
 
 def test_plan_that_does_not_fit_names_numbers_and_fix(capsys):
-    rc = cli.main(["plan", "--field", "obs=4x84x84:uint8", "--capacity", "100000000"])
+    rc = cli.main(["plan", "--field", "obs=4x84x84:uint8", "--buffer-size", "100000000"])
     out = capsys.readouterr().out
     assert rc == 1
     assert "does not fit" in out and "2,822,400,000,000" in out and "capacity" in out
@@ -118,21 +126,30 @@ def test_train_bad_setting_is_one_line_and_writes_nothing(tmp_path, capsys, argv
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["--device", "banana"], ["--device", "'banana'", "cpu", "cuda:0"]),
-        (["--device", "cuda:x"], ["--device", "'cuda:x'"]),
-        (["--device", "mps"], ["--device", "'mps'", "cpu", "cuda"]),
+        (["--buffer-device", "banana"], ["--buffer-device", "'banana'", "cpu", "cuda:0"]),
+        (["--buffer-device", "cuda:x"], ["--buffer-device", "'cuda:x'"]),
+        (["--buffer-device", "mps"], ["--buffer-device", "'mps'", "cpu", "cuda"]),
+        (["--buffer-device", "auto"], ["--buffer-device", "'auto'", "cpu", "cuda"]),
         (
             ["--field", "obs=4:uint8", "--field", "obs=2:float32"],
             ["--field obs", "twice", "one --field per name"],
         ),
         (["--field", "obs=0x84:uint8"], ["--field obs", "0x84", ">= 1", "e.g. 4x84x84"]),
         (["--field", "obs=4x-1:uint8"], ["--field obs", "4x-1", "e.g. 4x84x84"]),
-        (["--capacity", "abc"], ["--capacity", "'abc'"]),
-        (["--capacity", "0"], ["--capacity", ">= 1", "0"]),
+        (["--buffer-size", "abc"], ["--buffer-size", "'abc'"]),
+        (["--buffer-size", "0"], ["--buffer-size", ">= 1", "0"]),
+        (["--compress-budget", "half"], ["--compress-budget", "'half'", "float"]),
         (["--num-envs", "0"], ["--num-envs", ">= 1"]),
         (["--sampler", "lifo"], ["--sampler", "'lifo'", "uniform", "prioritized"]),
         (["--storage", "disk"], ["--path", "disk"]),
-        (["--storage", "disk", "--device", "cuda:0", "--path", "x"], ["--device", "disk"]),
+        (
+            ["--storage", "disk", "--buffer-device", "cuda:0", "--path", "x"],
+            ["--buffer-device", "disk"],
+        ),
+        (["--storage", "shm"], ["--storage", "'shm'", "ram, disk, tiered"]),
+        (["--storage", "tiered"], ["--storage", "'tiered'", "--storage ram", "--storage disk"]),
+        (["--layout", "stream", "--buffer-size", "10"], ["--buffer-size", "16 for 8 envs"]),
+        (["--field", "obs=4:uint8", "--env", "CartPole-v1"], ["--field/--env", "not both"]),
     ],
 )
 def test_plan_bad_setting_is_one_line_and_writes_nothing(
@@ -195,3 +212,135 @@ def test_bench_bad_flags_are_one_line(capsys, argv, words):
     assert cli.main(["bench", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and all(w in err for w in words), err
+
+
+# --- every command's flags come from one dataclass; plan shares train's replay fields ----------
+
+
+def _subparser(command: str) -> argparse.ArgumentParser:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[command]
+
+
+@pytest.mark.parametrize(
+    ("command", "config"),
+    [
+        ("plan", "rlstash.cli.plan:PlanConfig"),
+        ("eval", "rlstash.cli.eval:EvalConfig"),
+        ("doctor", "rlstash.cli.doctor:DoctorConfig"),
+        ("bench", "rlstash.cli.bench:BenchConfig"),
+    ],
+)
+def test_each_command_has_a_flag_per_field_of_its_config_and_no_other(command, config):
+    module, name = config.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    flags = {
+        a.option_strings[0] if a.option_strings else a.dest
+        for a in _subparser(command)._actions
+        if not isinstance(a, argparse._HelpAction)
+    }
+    fields = {
+        f.name if f.metadata.get("positional") else flag(f.name) for f in dataclasses.fields(cls)
+    }
+    assert flags == fields
+    for action in _subparser(command)._actions:  # each flag's help is its field's help text
+        if action.dest in fields or flag(action.dest) in fields:
+            f = {f.name: f for f in dataclasses.fields(cls)}[action.dest]
+            assert action.help.startswith(f.metadata["help"]), (action.dest, action.help)
+
+
+def test_plan_and_train_declare_the_replay_fields_once():
+    """Same names, types, help and defaults (plan plans 1,000,000 rows where train takes the
+    preset's capacity), and the same rules: a bad value is the same error from all three."""
+    from rlstash.cli.plan import PlanConfig
+    from rlstash.settings import field_types
+    from rlstash.train.config import ReplayConfig, TrainConfig
+
+    shared = {f.name: f for f in dataclasses.fields(ReplayConfig)}
+    assert set(shared) == {
+        "storage", "buffer_device", "buffer_size", "compress", "compress_budget", "compress_delta"
+    }  # fmt: skip
+    for cls in (TrainConfig, PlanConfig):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for name, f in shared.items():
+            assert fields[name].metadata == f.metadata, (cls, name)
+            if (cls, name) != (PlanConfig, "buffer_size"):
+                assert fields[name].default == f.default, (cls, name)
+            assert field_types(cls)[name] in (field_types(ReplayConfig)[name], int), (cls, name)
+    assert PlanConfig().buffer_size == 1_000_000
+    for bad in (
+        {"storage": "shm"}, {"buffer_size": 0}, {"compress": "gzip"}, {"compress_budget": 2.0},
+        {"compress": "lz4", "storage": "disk"},
+    ):  # fmt: skip
+        errors = set()
+        for cls in (ReplayConfig, TrainConfig, PlanConfig):
+            extra = {"path": "x"} if cls is PlanConfig else {}
+            with pytest.raises(ValueError) as info:
+                cls(**bad, **extra)
+            errors.add(str(info.value))
+        assert len(errors) == 1, (bad, errors)
+
+
+def test_plan_keeps_its_old_flag_names_with_a_deprecation_warning(capsys):
+    new = ["plan", "--buffer-size", "1000", "--buffer-device", "cpu"]
+    assert cli.main(new) == 0
+    expected = capsys.readouterr()
+    assert expected.err == ""
+    with pytest.warns(DeprecationWarning) as record:
+        assert cli.main(["plan", "--capacity", "1000", "--device", "cpu"]) == 0
+    assert [str(w.message).split(" (")[0] for w in record] == [
+        "--capacity is renamed --buffer-size", "--device is renamed --buffer-device"
+    ]  # fmt: skip
+    out, err = capsys.readouterr()
+    assert out == expected.out
+    assert err.splitlines() == [
+        "rlstash plan: warning: --capacity is renamed --buffer-size (as in rlstash train); "
+        "use --buffer-size",
+        "rlstash plan: warning: --device is renamed --buffer-device (as in rlstash train); "
+        "use --buffer-device",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("old", "name", "new"),
+    [
+        ("rlstash.train.cli", "main", "rlstash.cli.main"),
+        ("rlstash.train.cli", "build_plan", "rlstash.cli.plan"),
+        ("rlstash.train.cli", "parse_field", "rlstash.cli.fields"),
+        ("rlstash.train.cli_train", "settings_from_args", "rlstash.cli.train"),
+        ("rlstash.train.cli_train", "cmd_eval", "rlstash.cli.eval"),
+        ("rlstash.train.cli_bench", "cmd_bench", "rlstash.cli.bench"),
+        ("rlstash.train.flags", "Given", "rlstash.cli.flags"),
+        ("rlstash.train.flags", "int_at_least", "rlstash.cli.flags"),
+    ],
+)
+def test_the_old_cli_modules_still_work_and_warn(old, name, new):
+    module = importlib.import_module(old)
+    with pytest.warns(DeprecationWarning, match=f"{old}.{name} moved to {new}.{name}"):
+        got = getattr(module, name)
+    assert got is getattr(importlib.import_module(new), name)
+    with pytest.raises(AttributeError):
+        module.no_such_name  # noqa: B018
+
+
+def test_nothing_below_the_cli_imports_it():
+    """Imports point down: ``rlstash/cli/`` may import anything; no module below imports it
+    (the deprecated re-exports find it by name, at use)."""
+    root = Path(rlstash.__file__).parent
+    upward = []
+    for path in root.rglob("*.py"):
+        if path.is_relative_to(root / "cli") or path.name == "__main__.py":
+            continue  # the command line, and ``python -m rlstash`` running it
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            upward += [
+                f"{path.relative_to(root)}: {n}"
+                for n in names
+                if n == "rlstash.cli" or n.startswith("rlstash.cli.")
+            ]
+    assert upward == []

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from rlstash.cli import main
 from rlstash.train import checkpoint
-from rlstash.train.cli import main
 from tests.procs import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[1]

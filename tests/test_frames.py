@@ -257,9 +257,9 @@ def test_state_dict_round_trip_and_replay_buffer_sampling():
 
 
 def test_cli_plan_with_compression_equals_what_the_stream_allocates(capsys):
-    from rlstash.train import cli
+    from rlstash import cli
 
-    argv = ["plan", "--field", "obs=4x16x16:uint8", "--field", "action=:int64", "--capacity"]
+    argv = ["plan", "--field", "obs=4x16x16:uint8", "--field", "action=:int64", "--buffer-size"]
     argv += ["999", "--num-envs", "4", "--frame-stack", "4", "--layout", "stream"]
     argv += ["--compress", "zstd", "--compress-budget", "0.2"]
     p, note = cli.build_plan(cli.build_parser().parse_args(argv))
@@ -471,12 +471,13 @@ def test_the_block_stream_takes_frames_up_to_4_mib():
 def test_train_and_plan_take_the_same_compress_flags(flags):
     """``rlstash train`` and ``rlstash plan`` read --compress/--compress-budget/--compress-delta
     alike: the run's replay gets the compression the plan sized."""
-    from rlstash.train import cli
-    from rlstash.train.cli_train import settings_from_args
-    from rlstash.train.flags import Given
+    from rlstash import cli
+    from rlstash.cli.flags import Given
+    from rlstash.cli.plan import _plan_compression
+    from rlstash.cli.train import settings_from_args
 
     base = ["--field", "obs=4x16x16:uint8", "--field", "action=:int64", "--layout", "stream"]
-    planned = cli._plan_compression(cli.build_parser().parse_args(["plan", *base, *flags]))
+    planned = _plan_compression(cli.build_parser().parse_args(["plan", *base, *flags]))
     given = settings_from_args(cli.build_parser().parse_args(["train", *flags]), Given())
     assert given.config().compression() == planned
     assert (planned is None) == (flags[1] == "none")

@@ -349,12 +349,12 @@ def test_stream_plan_counts_the_lane_bookkeeping_it_allocates(num_envs, capacity
 
 
 def test_cli_plan_of_a_prioritized_stream_buffer_equals_what_it_allocates(capsys):
+    from rlstash import cli
     from rlstash.replay import ReplayBuffer
     from rlstash.sampler import PrioritizedSampler
     from rlstash.storage.stream import ReadSpec, StreamStorage
-    from rlstash.train import cli
 
-    argv = ["plan", "--field", "obs=4x8x8:uint8", "--field", "action=:int64", "--capacity"]
+    argv = ["plan", "--field", "obs=4x8x8:uint8", "--field", "action=:int64", "--buffer-size"]
     argv += ["999", "--num-envs", "4", "--frame-stack", "4", "--layout", "stream"]
     argv += ["--sampler", "prioritized"]
     args = cli.build_parser().parse_args(argv)

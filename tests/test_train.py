@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 
+from rlstash.cli import main
 from rlstash.replay import ReplayBuffer
 from rlstash.train import checkpoint
-from rlstash.train.cli import main
 from rlstash.train.loop import TrainConfig, train
 from tests.procs import die_with_parent
 

@@ -14,11 +14,11 @@ from rlstash.agents.dqn import DQNConfig
 from rlstash.agents.ppo import PPOConfig
 from rlstash.agents.sac import SACConfig
 from rlstash.agents.sac_discrete import DiscreteSACConfig
+from rlstash.cli import build_parser, main
+from rlstash.cli.flags import agent_settings, flag
 from rlstash.settings import SettingError
 from rlstash.train import algos, builders
-from rlstash.train.cli import build_parser, main
 from rlstash.train.config import LOOP_SETTINGS, TrainConfig
-from rlstash.train.flags import agent_settings, flag
 
 TINY = dict(
     steps=64, eval_every=64, eval_episodes=1, quiet=True, device="cpu", batch_size=8,
@@ -171,8 +171,8 @@ def test_train_help_documents_every_setting() -> None:
 
 
 def _parsed(*argv: str) -> TrainConfig:
-    from rlstash.train.cli_train import settings_from_args
-    from rlstash.train.flags import Given
+    from rlstash.cli.flags import Given
+    from rlstash.cli.train import settings_from_args
 
     args = build_parser().parse_args(["train", *argv])
     return settings_from_args(args, Given()).config()

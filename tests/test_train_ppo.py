@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rlstash.agents.ppo import PPO
+from rlstash.cli import main
 from rlstash.train import checkpoint
-from rlstash.train.cli import main
 from rlstash.train.loop import TrainConfig, train
 
 TINY = {"net_arch": [16], "rollout_steps": 16, "minibatch_size": 32, "n_epochs": 2}
@@ -125,8 +125,8 @@ def test_cli_ppo_half_cheetah_is_the_rl_zoos_tuned_entry(monkeypatch, capsys) ->
     import numpy as np
     from gymnasium import spaces
 
+    from rlstash.cli.train import tomllib  # tomli before Python 3.11
     from rlstash.train import algos, builders
-    from rlstash.train.cli_train import tomllib  # tomli before Python 3.11
 
     box = spaces.Box(-1.0, 1.0, (6,), np.float32)
     monkeypatch.setattr(

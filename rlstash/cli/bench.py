@@ -11,16 +11,59 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 
-from rlstash.train.flags import compute_device, int_at_least, ints_at_least, positive_float
+from rlstash.cli.flags import (
+    add_config_flags,
+    compute_device,
+    config_from_args,
+    ints_at_least,
+    positive_float,
+)
+from rlstash.settings import check_types
+from rlstash.settings import setting as s
+
+
+@dataclass
+class BenchConfig:
+    """Settings of ``rlstash bench``."""
+
+    env: str = s("CartPole-v1", "Gymnasium env id.")
+    envs: int = s(8, "Envs in the pool.", at_least=1)
+    workers: tuple[int | str, ...] = s(
+        (0, 2),
+        "Worker counts to time, comma-separated, e.g. 0,2,auto.",
+        parse=ints_at_least(0, ("auto",)),
+    )
+    batch_size: int = s(256, "Rows per sample and per update.", at_least=1)
+    algo: str = s("dqn", "Agent whose updates are timed (dqn, sac, ...).")
+    capacity: int = s(100_000, "Replay capacity in rows.", at_least=1)
+    chunk: int = s(256, "Rows per replay extend.", at_least=1)
+    storage: str = s("ram", "Replay storage.", choices=("ram", "disk"))
+    device: str = s(
+        "cpu",
+        "Device of sampled batches and the learner (cpu, cuda[:N], auto).",
+        parse=compute_device,
+    )
+    seconds: float = s(1.0, "Timing per measurement.", parse=positive_float)
+    field: tuple[str, ...] = s(
+        (),
+        "Replay field NAME=SHAPE:DTYPE instead of the env's transitions (repeat).",
+        repeat=True,
+        metavar="SPEC",
+    )
+
+    def __post_init__(self) -> None:
+        check_types(self)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from rlstash.cli.fields import parse_field
     from rlstash.diag.bench import BenchOptions, format_table, measure
     from rlstash.spec import Spec
     from rlstash.train.algos import ALGOS
-    from rlstash.train.cli import parse_field
 
+    args = config_from_args(BenchConfig, args)
     if args.algo not in ALGOS:
         raise ValueError(f"--algo: expected one of {', '.join(ALGOS)}, got {args.algo!r}; pick one")
     spec = Spec(dict(parse_field(f) for f in args.field)) if args.field else None
@@ -35,36 +78,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    b = sub.add_parser(
+    """Add ``rlstash bench`` to the ``rlstash`` parser."""
+    p = sub.add_parser(
         "bench",
         help="measure this machine: replay rates, env steps/s per worker count, agent updates/s",
         description=__doc__.split("::")[0].strip() if __doc__ else None,
     )
-    b.add_argument("--env", default="CartPole-v1", help="gymnasium env id (default CartPole-v1)")
-    count = int_at_least(1)
-    b.add_argument("--envs", type=count, default=8, help="envs in the pool (default 8)")
-    b.add_argument(
-        "--workers", type=ints_at_least(0, ("auto",)), default=(0, 2),
-        help="worker counts to time, comma-separated, e.g. 0,2,auto (default 0,2)",
-    )  # fmt: skip
-    b.add_argument(
-        "--batch-size", type=count, default=256, help="rows per sample and per update (256)"
-    )
-    b.add_argument("--algo", default="dqn", help="agent whose updates are timed (dqn, sac, ...)")
-    b.add_argument(
-        "--capacity", type=count, default=100_000, help="replay capacity in rows (100000)"
-    )
-    b.add_argument("--chunk", type=count, default=256, help="rows per replay extend (256)")
-    b.add_argument("--storage", default="ram", choices=["ram", "disk"], help="replay storage")
-    b.add_argument(
-        "--device", type=compute_device, default="cpu",
-        help="device of sampled batches and the learner (cpu, cuda[:N], auto)",
-    )  # fmt: skip
-    b.add_argument(
-        "--seconds", type=positive_float, default=1.0, help="timing per measurement (1.0)"
-    )
-    b.add_argument(
-        "--field", action="append", default=[],
-        help="replay field NAME=SHAPE:DTYPE instead of the env's transitions (repeat)",
-    )  # fmt: skip
-    b.set_defaults(func=cmd_bench)
+    add_config_flags(p, BenchConfig)
+    p.set_defaults(func=cmd_bench)

@@ -1,5 +1,8 @@
 """Command-line flags derived from the settings dataclasses (CleanRL style: one source).
 
+Each command's flags are the fields of one dataclass (:func:`add_config_flags`, read back by
+:func:`config_from_args`): ``plan``, ``eval``, ``doctor`` and ``bench`` this way; ``train``
+through :func:`add_train_flags` below, which adds the agents' settings and the config file.
 Every field of :class:`TrainConfig` and of each registered algorithm's agent config becomes a
 ``--flag`` (``buffer_size`` -> ``--buffer-size``) whose ``--help`` is the field's help text
 with its default, so the flags can never drift from the configs. Values are parsed here, not by
@@ -20,7 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlstash.settings import SettingError, SettingTypeError, field_types, help_of, parse_text
+from rlstash.settings import (
+    SettingError,
+    SettingTypeError,
+    describe,
+    field_types,
+    help_of,
+    parse_text,
+)
 from rlstash.train import algos
 from rlstash.train.config import LOOP_SETTINGS, TrainConfig, flag
 
@@ -312,9 +322,112 @@ def given_flags(args: argparse.Namespace, given: Given) -> Given:
     return given
 
 
+def _text_type(name: str, tp: Any) -> Callable[[str], Any]:
+    """An argparse ``type`` parsing by the field's type (:func:`rlstash.settings.parse_text`);
+    a bad value is argparse's one-line ``--flag: expected a float, got 'x'``."""
+
+    def parse(text: str) -> Any:
+        try:
+            return parse_text(name, text, tp)
+        except SettingError as exc:
+            raise argparse.ArgumentTypeError(
+                f"expected {describe(tp)}, got {text!r}; e.g. {flag(name)} 1"
+            ) from exc
+
+    parse.__name__ = describe(tp)
+    return parse
+
+
+class RenamedFlag(argparse._StoreAction):
+    """A store action that also answers to old flag names (``renamed``): given by an old name,
+    the value is kept and a DeprecationWarning plus one ``warning:`` line on stderr name the
+    new flag (old names go in the next release)."""
+
+    def __init__(self, *args: Any, renamed: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.renamed = renamed
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        if option_string in self.renamed:
+            import sys
+            import warnings
+
+            new = self.option_strings[0]
+            text = f"{option_string} is renamed {new} (as in rlstash train); use {new}"
+            warnings.warn(text, DeprecationWarning, stacklevel=2)
+            sys.stderr.write(f"{parser.prog}: warning: {text}\n")
+        super().__call__(parser, namespace, values, option_string)
+
+
+def add_config_flags(
+    parser: argparse.ArgumentParser, cls: type, renamed: dict[str, tuple[str, ...]] | None = None
+) -> None:
+    """A flag per field of the settings dataclass ``cls``: ``--field-name``, its help the
+    field's help text and default. Field metadata shapes the flag: ``positional`` (an
+    argument), ``at_least=N`` (a count: :func:`int_at_least`), ``parse`` (an argparse type),
+    ``choices``, ``repeat`` (appended); a bool is a switch; other values parse by the field's
+    type. ``renamed`` maps a field to old flag names still accepted (:class:`RenamedFlag`).
+    Flags not given are left out of the namespace: the dataclass's defaults apply."""
+    types = field_types(cls)
+    for f in dataclasses.fields(cls):
+        meta, tp = f.metadata, types[f.name]
+        default = _default_of(cls, f.name)
+        shown = "" if default in (None, "", (), False) else f" [default: {_show(default)}]"
+        if meta.get("positional"):
+            parser.add_argument(f.name, help=help_of(f))
+            continue
+        names = (flag(f.name), *(renamed or {}).get(f.name, ()))
+        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS}
+        kw["help"] = help_of(f) + shown
+        if tp is bool:
+            parser.add_argument(*names, action="store_true", **kw)
+            continue
+        if "parse" in meta:
+            kw["type"] = meta["parse"]
+        elif "at_least" in meta:
+            kw["type"] = int_at_least(meta["at_least"])
+        elif tp is not str and not meta.get("repeat"):
+            kw["type"] = _text_type(f.name, tp)
+        if "choices" in meta:
+            kw["choices"] = meta["choices"]
+        kw["metavar"] = meta.get("metavar", "|".join(meta.get("choices", ())) or _metavar(tp))
+        if meta.get("repeat"):
+            parser.add_argument(*names, action="append", **kw)
+        elif len(names) > 1:  # parsed by every name; help and errors name the new one
+            kw["help"] += f" (formerly {', '.join(names[1:])}: deprecated)"
+            action = parser.add_argument(*names, action=RenamedFlag, renamed=names[1:], **kw)
+            action.option_strings = [names[0]]
+        else:
+            parser.add_argument(*names, **kw)
+
+
+def config_from_args(cls: type, args: argparse.Namespace) -> Any:
+    """The ``cls`` of the flags in ``args`` (:func:`add_config_flags`); a setting's error is
+    one line naming its flag (:func:`relabel`)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    try:
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
+    except ValueError as exc:
+        raise ValueError(relabel(exc, cls)) from None
+
+
+def relabel(exc: ValueError, cls: type) -> str:
+    """A setting's error (``"<field>: ..."``, a :class:`SettingError` too) with the field
+    called by its flag (``--buffer-size: ...``); other errors unchanged."""
+    if isinstance(exc, SettingError):
+        return exc.text(flag(exc.name))
+    name, sep, rest = str(exc).partition(": ")
+    if sep and name in field_types(cls):
+        return f"{flag(name)}: {rest}"
+    return str(exc)
+
+
 __all__ = [
     "Given",
+    "RenamedFlag",
+    "add_config_flags",
     "add_train_flags",
+    "config_from_args",
     "agent_settings",
     "compute_device",
     "flag",
@@ -323,5 +436,6 @@ __all__ = [
     "ints_at_least",
     "known_settings",
     "positive_float",
+    "relabel",
     "setting_type",
 ]

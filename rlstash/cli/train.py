@@ -1,6 +1,6 @@
-"""``rlstash train`` and ``rlstash eval``: argument parsing over :mod:`rlstash.train.loop`.
+"""``rlstash train``: argument parsing over :mod:`rlstash.train.loop`.
 
-The train flags are derived from the settings dataclasses (:mod:`rlstash.train.flags`); the
+The train flags are derived from the settings dataclasses (:mod:`rlstash.cli.flags`); the
 precedence is defaults < the env's preset < ``--config`` file < flags < ``--set``.
 """
 
@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rlstash.cli.flags import Given, add_train_flags, given_flags, known_settings
 from rlstash.settings import SettingError
 from rlstash.train.config import TrainConfig
-from rlstash.train.flags import Given, add_train_flags, given_flags, int_at_least, known_settings
 
 try:
     import tomllib
@@ -123,19 +123,6 @@ def _toml_line(key: str, value: Any) -> str:
     return f"{key} = {value!r}"
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    from rlstash.train.evaluate import evaluate_run
-
-    out = evaluate_run(Path(args.run), episodes=args.episodes, seed=args.seed, video=args.video)
-    r = out["returns"]
-    print(
-        f"{args.run}: {len(r)} episodes, return mean {r.mean():.2f} +- {r.std():.2f} (min {r.min():.1f}, max {r.max():.1f}), length mean {out['lengths'].mean():.1f}"
-    )
-    for path in out.get("videos", ()):
-        print(f"video: {path}")
-    return 0
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser(
         "train",
@@ -167,18 +154,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_train_flags(t)
     t.set_defaults(func=cmd_train)
-
-    e = sub.add_parser("eval", help="run a saved policy and print return statistics")
-    e.add_argument("run", help="run directory (runs/<name>)")
-    e.add_argument(
-        "--episodes", type=int_at_least(1), default=10, help="episodes to run (default 10)"
-    )
-    e.add_argument(
-        "--seed", type=int_at_least(0), default=12345, help="seed of the first episode (12345)"
-    )
-    e.add_argument(
-        "--video",
-        action="store_true",
-        help="record the episodes of evaluation env 0 to RUN/videos/*.mp4 (needs rlstash[video])",
-    )
-    e.set_defaults(func=cmd_eval)

@@ -9,11 +9,12 @@ the ``discount`` field the buffer delivers); the run's ``seed`` also seeds the a
 
 Loop settings left at ``None`` take the algorithm's default, then the env's preset
 (:mod:`rlstash.train.algos`); :func:`rlstash.train.algos.resolve` fills them in. Every field's
-help text is also its ``rlstash train --flag`` help (:mod:`rlstash.train.flags`).
+help text is also its ``rlstash train --flag`` help (:mod:`rlstash.cli.flags`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -28,6 +29,67 @@ from rlstash.settings import setting as s
 STORAGES = ("ram", "disk", "tiered")
 COMPRESSIONS = ("none", "lz4", "zstd")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")  # characters a default run name does not keep
+
+
+@dataclass
+class ReplayConfig:
+    """The replay settings ``rlstash train`` and ``rlstash plan`` share: declared once here,
+    taken by :class:`TrainConfig` and :class:`rlstash.cli.plan.PlanConfig` field by field
+    (:func:`replay_field`: the same name, help, default and :func:`check_replay_fields` rules,
+    so the two commands' flags cannot drift apart)."""
+
+    storage: str = s(
+        "ram", "Replay storage: ram | disk | tiered (hot on --buffer-device).", group="replay"
+    )
+    buffer_device: str = s(
+        "cpu", "Device of a RAM replay buffer / of the hot tier.", group="replay"
+    )
+    buffer_size: int | None = s(None, "Replay capacity in transitions.", group="replay", at_least=1)
+    compress: str = s(
+        "none",
+        "Compress the replay's pixel frames: none | lz4 (fast reads) | zstd (smaller); RAM "
+        "storage on the CPU only; needs pip install 'rlstash[compress]'.",
+        group="replay",
+    )
+    compress_budget: float = s(
+        0.5,
+        "With --compress: planned stored bytes per frame, as a fraction of a raw frame, in "
+        "(0, 1] (Atari frames take ~0.04 with lz4; frames that compress worse keep fewer "
+        "transitions, never more bytes; see rlstash plan --compress).",
+        group="replay",
+    )
+    compress_delta: bool = s(
+        False,
+        "With --compress: code each frame against the previous frame of its env (smaller, "
+        "slower reads).",
+        group="replay",
+    )
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        check_replay_fields(self)
+
+
+def replay_field(name: str, default: Any = dataclasses.MISSING) -> Any:
+    """A fresh dataclass field of :class:`ReplayConfig`'s ``name``: its help and metadata, its
+    default unless ``default`` is given (``rlstash plan`` plans 1,000,000 rows where train
+    takes the preset's)."""
+    f = ReplayConfig.__dataclass_fields__[name]
+    value = f.default if default is dataclasses.MISSING else default
+    return dataclasses.field(default=value, metadata=f.metadata)
+
+
+def check_replay_fields(cfg: Any) -> None:
+    """The rules of :class:`ReplayConfig`'s fields on any config holding them (a
+    :class:`SettingError`, or a ValueError naming the field): capacity >= 1, a known storage, a
+    computing ``buffer_device`` (spelling only: no CUDA call), :func:`check_compression`."""
+    if cfg.buffer_size is not None:
+        _at_least(cfg, "buffer_size", 1)
+    _one_of(cfg, "storage", STORAGES)
+    check_device(cfg.buffer_device, "buffer_device", COMPUTE)
+    check_compression(
+        cfg.compress, cfg.compress_budget, cfg.compress_delta, cfg.storage, cfg.buffer_device
+    )
 
 
 @dataclass
@@ -72,13 +134,9 @@ class TrainConfig:
         group="collection",
     )
     # replay and learning schedule (None: the algorithm's default, then the env's preset)
-    storage: str = s(
-        "ram", "Replay storage: ram | disk | tiered (hot on --buffer-device).", group="replay"
-    )
-    buffer_device: str = s(
-        "cpu", "Device of a RAM replay buffer / of the hot tier.", group="replay"
-    )
-    buffer_size: int | None = s(None, "Replay capacity in transitions.", group="replay")
+    storage: str = replay_field("storage")
+    buffer_device: str = replay_field("buffer_device")
+    buffer_size: int | None = replay_field("buffer_size")
     n_steps: int | None = s(
         None, "n of n-step returns (the replay rebuilds them on read).", group="replay"
     )
@@ -88,25 +146,9 @@ class TrainConfig:
     )
     train_freq: int | None = s(None, "Env steps between rounds of updates.", group="replay")
     gradient_steps: int | None = s(None, "Updates per round.", group="replay")
-    compress: str = s(
-        "none",
-        "Compress the replay's pixel frames: none | lz4 (fast reads) | zstd (smaller); RAM "
-        "storage on the CPU only; needs pip install 'rlstash[compress]'.",
-        group="replay",
-    )
-    compress_budget: float = s(
-        0.5,
-        "With --compress: planned stored bytes per frame, as a fraction of a raw frame, in "
-        "(0, 1] (Atari frames take ~0.04 with lz4; frames that compress worse keep fewer "
-        "transitions, never more bytes; see rlstash plan --compress).",
-        group="replay",
-    )
-    compress_delta: bool = s(
-        False,
-        "With --compress: code each frame against the previous frame of its env (smaller, "
-        "slower reads).",
-        group="replay",
-    )
+    compress: str = replay_field("compress")
+    compress_budget: float = replay_field("compress_budget")
+    compress_delta: bool = replay_field("compress_delta")
     # learner
     device: str = s("auto", "Learner device: auto | cpu | cuda[:N].", group="learner")
     torch_threads: int = s(1, "Torch CPU threads (small networks: 1 is fastest).", group="learner")
@@ -167,24 +209,16 @@ class TrainConfig:
             raise SettingError(
                 "threshold", "a finite return", self.threshold, "give a number, or leave it unset"
             )
-        _one_of(self, "storage", STORAGES)
-        for name in ("device", "buffer_device"):  # no CUDA call: spelling and type only
-            check_device(getattr(self, name), name, COMPUTE)
+        check_replay_fields(self)  # storage, buffer_device, compression: plan's rules too
+        check_device(self.device, "device", COMPUTE)  # no CUDA call: spelling and type only
         if self.name in (".", "..") or any(c in self.name for c in "/\\\0"):
             raise SettingError(
                 "name", "one directory name (no '/', '\\', '.' or '..'; runs go under run_dir)",
                 self.name, "e.g. --name pong-lz4, or --run-dir for the parent directory",
             )  # fmt: skip
-        self._check_compression()
         from rlstash.train.algos import ALGOS
 
         _one_of(self, "algo", tuple(ALGOS))
-
-    def _check_compression(self) -> None:
-        check_compression(
-            self.compress, self.compress_budget, self.compress_delta, self.storage,
-            self.buffer_device,
-        )  # fmt: skip
 
     def compression(self) -> Any:
         """The replay's :class:`~rlstash.storage.frames.FrameCompression`, or None. Once the

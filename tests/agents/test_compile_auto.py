@@ -84,7 +84,7 @@ def test_compile_takes_true_false_or_auto(bad):
 def test_train_says_how_long_compiling_took_only_when_it_compiled(
     flags, after, says, tmp_path, capsys, monkeypatch, aot_eager
 ):
-    from rlstash.train.cli import main
+    from rlstash.cli import main
 
     monkeypatch.setenv("RLSTASH_COMPILE_AFTER", after)
     argv = ["train", "--quiet", "--device", "cpu", "--run-dir", str(tmp_path), "--algo", "dqn"]
@@ -97,7 +97,7 @@ def test_train_says_how_long_compiling_took_only_when_it_compiled(
 
 
 def test_a_wrong_compile_flag_is_one_line_exit_2(tmp_path, capsys):
-    from rlstash.train.cli import main
+    from rlstash.cli import main
 
     argv = ["train", "--run-dir", str(tmp_path), "--algo", "dqn", "--env", "CartPole-v1"]
     assert main([*argv, "--compile", "soon"]) == 2

@@ -275,7 +275,7 @@ def test_graphed_step_refuses_a_new_shape():
 def test_train_with_compile_flag_says_once_how_long_compiling_took(
     algo, tmp_path, capsys, aot_eager
 ):
-    from rlstash.train.cli import main
+    from rlstash.cli import main
 
     settings = ["--set", "net_arch=[8]", "--set", "eval_every=512", "--set", "eval_episodes=1"]
     if algo == "dqn":

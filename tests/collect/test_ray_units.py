@@ -126,7 +126,7 @@ def test_bad_arguments_are_refused_before_ray_starts():
     ],
 )
 def test_train_ray_bad_settings_are_one_line_exit_2(argv, words, tmp_path, capsys):
-    from rlstash.train import cli
+    from rlstash import cli
 
     rc = cli.main(["train", "--quiet", "--run-dir", str(tmp_path / "runs"), *argv])
     err = capsys.readouterr().err.strip()

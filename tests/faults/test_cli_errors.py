@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 import torch
 
+from rlstash import cli
 from rlstash.settings import SettingError
-from rlstash.train import algos, cli
+from rlstash.train import algos
 from rlstash.train.config import TrainConfig
 
 
@@ -96,7 +97,7 @@ def test_count_flags_of_eval_plan_and_bench_parse_through_one_type():
     """The count-like flags: every one of them is an ``int >= N`` of the flag layer."""
     counts = {
         "eval": {"--episodes", "--seed"},
-        "plan": {"--capacity", "--num-envs", "--frame-stack"},
+        "plan": {"--buffer-size", "--num-envs", "--frame-stack"},
         "bench": {"--envs", "--batch-size", "--capacity", "--chunk"},
     }
     for command, flags in counts.items():
@@ -120,7 +121,7 @@ CASES = [
     (["eval", "{run}", "--episodes", "0"], "rlstash eval: error: ", "--episodes: expected an int >= 1, got '0'"),
     (["eval", "{run}", "--episodes", "-2"], "rlstash eval: error: ", "--episodes: expected an int >= 1, got '-2'"),
     (["eval", "{run}", "--episodes", "many"], "rlstash eval: error: ", "--episodes: expected an int >= 1, got 'many'"),
-    (["plan", "--capacity"], "rlstash plan: error: ", "--capacity: expected one argument"),
+    (["plan", "--buffer-size"], "rlstash plan: error: ", "--buffer-size: expected one argument"),
     (["doctor", "--run-dir"], "rlstash doctor: error: ", "--run-dir: expected one argument"),
     (["bench", "--seconds"], "rlstash bench: error: ", "--seconds: expected one argument"),
     (["train", "--device", "meta"], "rlstash train: error: ", "--device: device type 'meta' is not supported by rlstash for computing"),
@@ -132,7 +133,7 @@ CASES = [
     (["train", "--config", "{tmp}/gamma.toml"], "rlstash train: error: ", "--config {tmp}/gamma.toml: [agent] gamma: expected a discount"),
     (["train", "--config", "{tmp}/arch.toml"], "rlstash train: error: ", "e.g. net_arch = [64, 64]"),
     (["plan", "--compress", "none", "--compress-budget", "2"], "rlstash plan: error: ", "--compress-budget: expected a fraction in (0, 1]"),
-    (["plan", "--field", "obs=4x84x84:uint8", "--field", "action=:int64", "--layout", "stream", "--capacity", "1000", "--compress", "lz4", "--compress-budget", "0.01"], "rlstash plan: error: ", "--compress-budget: expected at least 0.04"),
+    (["plan", "--field", "obs=4x84x84:uint8", "--field", "action=:int64", "--layout", "stream", "--buffer-size", "1000", "--compress", "lz4", "--compress-budget", "0.01"], "rlstash plan: error: ", "--compress-budget: expected at least 0.04"),
 ]  # fmt: skip
 
 
@@ -217,7 +218,7 @@ def test_a_codec_without_its_package_is_refused_naming_the_install(monkeypatch):
 # --- compression: plan and train judge the settings alike ------------------------------------
 
 PLAN_GEOMETRY = ["--field", "obs=4x84x84:uint8", "--field", "action=:int64", "--layout", "stream",
-                 "--capacity", "1000", "--num-envs", "8", "--frame-stack", "4"]  # fmt: skip
+                 "--buffer-size", "1000", "--num-envs", "8", "--frame-stack", "4"]  # fmt: skip
 TRAIN_GEOMETRY = ["--env", "ALE/Pong-v5", "--buffer-size", "1000", "--envs", "8", "--n-steps", "1"]
 
 
@@ -236,8 +237,8 @@ TRAIN_GEOMETRY = ["--env", "ALE/Pong-v5", "--buffer-size", "1000", "--envs", "8"
 def test_plan_and_train_share_the_compression_rules(flags, refused_by, tmp_path, monkeypatch):
     """One function judges both (config.check_compression): what plan accepts, train accepts,
     and a budget too small to keep one sampled row is refused by both, naming the flag."""
-    from rlstash.train.cli_train import settings_from_args
-    from rlstash.train.flags import Given
+    from rlstash.cli.flags import Given
+    from rlstash.cli.train import settings_from_args
 
     monkeypatch.chdir(tmp_path)
     plan_flags = flags

@@ -1,0 +1,241 @@
+"""``rlstash plan``: the exact bytes a replay buffer needs per place, and whether it fits.
+
+Its settings are :class:`PlanConfig`, whose replay fields are ``rlstash train``'s
+(:class:`~rlstash.train.config.ReplayConfig`: ``--storage``, ``--buffer-size``,
+``--buffer-device``, ``--compress*``, the same names, help and rules); the rest (the fields,
+the sampler, the layout, the env and frame counts) are plan's own. Nothing is allocated.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rlstash.cli.fields import parse_fields
+from rlstash.cli.flags import add_config_flags, config_from_args, relabel
+from rlstash.settings import SettingError, check_types
+from rlstash.settings import setting as s
+from rlstash.spec import Field, Spec
+from rlstash.train.config import check_compression, check_replay_fields, flag, replay_field
+
+if TYPE_CHECKING:
+    from rlstash.diag.memory import MemoryPlan
+
+RENAMED = {"buffer_size": ("--capacity",), "buffer_device": ("--device",)}
+"""Plan's flag names before they became train's: still accepted, with a deprecation warning."""
+
+
+@dataclass
+class PlanConfig:
+    """Settings of ``rlstash plan`` (its flags: ``rlstash plan --help``)."""
+
+    field: tuple[str, ...] = s(
+        (), "NAME=SHAPE:DTYPE, e.g. obs=4x84x84:uint8 (repeat)", repeat=True, metavar="SPEC"
+    )
+    env: str = s("", "Derive fields from a gymnasium env id, e.g. CartPole-v1.")
+    buffer_size: int = replay_field("buffer_size", 1_000_000)
+    storage: str = replay_field("storage")
+    buffer_device: str = replay_field("buffer_device")
+    path: str = s("", "Directory of a disk storage.")
+    sampler: str = s(
+        "uniform",
+        "The buffer's sampler: its per-row state is counted (prioritized: ~19 B per row).",
+        choices=("uniform", "prioritized", "sequence"),
+    )
+    layout: str = s(
+        "naive",
+        "naive: store the fields as given; stream: StreamStorage lanes (frames once, next obs "
+        "rebuilt), its lane bookkeeping counted.",
+        choices=("naive", "stream"),
+    )
+    num_envs: int = s(8, "Envs feeding the stream layout.", at_least=1)
+    frame_stack: int = s(
+        4, "Frames per observation (stream layout stores single frames).", at_least=1
+    )
+    compress: str = replay_field("compress")
+    compress_budget: float = replay_field("compress_budget")
+    compress_delta: bool = replay_field("compress_delta")
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        _plan_device(self.buffer_device)
+        check_replay_fields(self)
+        if self.storage == "tiered":
+            raise SettingError(
+                "storage", "ram or disk (plan one tier at a time)", "tiered",
+                "plan the hot tier with --storage ram and the cold one with --storage disk",
+            )  # fmt: skip
+        if self.storage != "ram" and _plan_device(self.buffer_device) != "cpu":
+            raise SettingError(
+                "buffer_device", f"cpu: a {self.storage} storage lives on the CPU",
+                self.buffer_device,
+                "drop --buffer-device (batches go to a device when sampled) or use --storage ram",
+            )  # fmt: skip
+        if self.storage == "disk" and not self.path:
+            raise SettingError(
+                "path", "a directory with --storage disk", self.path, "e.g. --path runs/buffer"
+            )
+        if self.layout == "stream" and self.buffer_size < 2 * self.num_envs:
+            raise SettingError(
+                "buffer_size", f"at least 2 slots per env in the stream layout "
+                f"({2 * self.num_envs} for {self.num_envs} envs)", self.buffer_size,
+                "raise --buffer-size or lower --num-envs",
+            )  # fmt: skip
+        if self.field and self.env:
+            raise ValueError("--field/--env: give either --field (repeatable) or --env, not both")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``rlstash plan`` to the ``rlstash`` parser."""
+    p = sub.add_parser("plan", help="exact bytes a buffer needs per place, and whether it fits")
+    add_config_flags(p, PlanConfig, renamed=RENAMED)
+    p.set_defaults(func=cmd_plan)
+
+
+def plan_config(args: argparse.Namespace | PlanConfig) -> PlanConfig:
+    """The :class:`PlanConfig` of parsed ``rlstash plan`` flags (errors name the flag)."""
+    return args if isinstance(args, PlanConfig) else config_from_args(PlanConfig, args)
+
+
+def _env_spec(env_id: str, next_obs: bool) -> Spec:
+    from rlstash.envs.registry import make
+
+    try:
+        env = make(env_id)
+    except Exception as exc:  # noqa: BLE001 - gymnasium raises several kinds
+        raise ValueError(f"--env: cannot make {env_id!r}: {exc}") from None
+    try:
+        return Spec.for_transitions(env.observation_space, env.action_space, next_obs=next_obs)
+    finally:
+        env.close()
+
+
+_ATARI = {  # the default: an Atari-sized buffer (Nature DQN: 1M transitions of 4x84x84 frames)
+    "obs": Field((4, 84, 84), "uint8"),
+    "action": Field((), "int64"),
+    "reward": Field((), "float32"),
+    "terminated": Field((), "bool"),
+    "truncated": Field((), "bool"),
+    "next_obs": Field((4, 84, 84), "uint8"),
+}
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Print the plan of ``rlstash plan``'s flags: exit 0 when it fits, 1 when not."""
+    result, stream = build_plan(args)
+    print(result.format_table())
+    if stream:
+        print()
+        print(stream)
+    if not result.fits:
+        from rlstash.diag.memory import InsufficientMemoryError
+
+        try:
+            result.check()
+        except InsufficientMemoryError as exc:
+            print(f"\ndoes not fit: {exc}")
+    return 0 if result.fits else 1
+
+
+def build_plan(args: argparse.Namespace | PlanConfig) -> tuple[MemoryPlan, str]:
+    """The memory plan of ``rlstash plan``'s settings (checked first; nothing is allocated)
+    and, for the naive layout, the stream layout's figures beside it; an error names the
+    flag."""
+    args = plan_config(args)
+    try:
+        return _build_plan(args)
+    except SettingError as exc:
+        raise ValueError(relabel(exc, PlanConfig)) from None
+
+
+def _build_plan(args: PlanConfig) -> tuple[MemoryPlan, str]:
+    from rlstash.diag.memory import plan
+
+    if args.env:
+        spec = _env_spec(args.env, next_obs=True)
+    else:
+        spec = parse_fields(args.field) if args.field else Spec(_ATARI)
+    sampler = _plan_sampler(args.sampler)
+    common = dict(
+        storage=args.storage, device=args.buffer_device, path=args.path or None, sampler=sampler
+    )
+    comp = _plan_compression(args)  # train's rules: refused here as train would refuse it
+    if args.layout == "naive":
+        if comp is not None:
+            raise ValueError("--compress: compressed frames need --layout stream")
+        return plan(spec, args.buffer_size, **common), _stream_figures(spec, args)
+    from rlstash.storage.stream import StreamStorage
+    from rlstash.storage.stream_spec import slot_spec, transition_step
+
+    step, k, stacked = transition_step(spec, args.frame_stack)
+    if "action" not in step or not any(k == "obs" or k.startswith("obs/") for k in step):
+        raise ValueError(
+            f"--layout stream: needs fields 'obs' and 'action', got {list(spec)}; add them with "
+            "--field or use --layout naive"
+        )
+    slots = args.buffer_size // args.num_envs * args.num_envs
+    parts = StreamStorage.plan_bytes(step, slots, k, stacked, args.num_envs, comp)
+    overhead = {"stream: lane bookkeeping": parts.pop("bookkeeping")}
+    stored = slot_spec(step, k, stacked)
+    if comp is None:
+        return plan(stored, slots, overhead=overhead, **common), ""
+    from rlstash.storage.frame_backing import compression_note
+
+    packed = Spec({n: f for n, f in stored.items() if n in parts})
+    overhead.update({f"frames: {n}": b for n, b in parts.items() if n not in packed})
+    note = compression_note(stored, comp, args.num_envs, slots // args.num_envs)
+    return plan(packed, slots, overhead=overhead, **common), note
+
+
+def _plan_compression(args: argparse.Namespace | PlanConfig) -> Any:
+    """The FrameCompression of ``--compress`` (None without it, or 'none'), checked by the
+    rules of ``rlstash train --compress`` (:func:`rlstash.train.config.check_compression`:
+    the same function), the budget against the plan's lanes; errors name the flag."""
+    args = plan_config(args)
+    lanes = args.buffer_size // args.num_envs if args.layout == "stream" else None
+    try:
+        return check_compression(
+            args.compress, args.compress_budget, args.compress_delta, args.storage,
+            args.buffer_device, lane_slots=lanes, row_frames=args.frame_stack + 1,
+        )  # fmt: skip
+    except SettingError as exc:
+        raise ValueError(exc.text(flag(exc.name))) from None
+
+
+def _plan_device(text: str) -> str:
+    """``"cpu"`` or ``"cuda[:N]"``; anything else (``auto`` too: plan a place) is a
+    ValueError naming ``--buffer-device``."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"--buffer-device: expected cpu, cuda or cuda:N (rlstash storages live in RAM or on "
+            f"an NVIDIA GPU), got {text!r}; e.g. --buffer-device cuda:0"
+        )
+    return device.type
+
+
+def _plan_sampler(name: str) -> Any:
+    from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler
+
+    if name == "prioritized":
+        return PrioritizedSampler()
+    if name == "sequence":
+        return SequenceSampler(1)  # its per-row state does not depend on the window length
+    return UniformSampler()
+
+
+def _stream_figures(spec: Spec, args: PlanConfig) -> str:
+    """The stream layout's bytes next to the naive (obs + next_obs) layout, when it applies."""
+    from rlstash.diag.layouts import compare_layouts
+
+    if "action" not in spec or not any(k == "obs" or k.startswith("obs/") for k in spec):
+        return ""  # the stream layout needs an obs and an action field
+    return compare_layouts(
+        spec, args.buffer_size, num_envs=args.num_envs, frame_stack=args.frame_stack
+    )
