@@ -305,9 +305,10 @@ def test_plan_keeps_its_old_flag_names_with_a_deprecation_warning(capsys):
 @pytest.mark.parametrize(
     ("old", "name", "new"),
     [
-        ("rlstash.train.cli", "main", "rlstash.cli.main"),
-        ("rlstash.train.cli", "build_plan", "rlstash.cli.plan"),
-        ("rlstash.train.cli", "parse_field", "rlstash.cli.fields"),
+        ("rlstash.train.cli", "main", "rlstash.cli"),
+        ("rlstash.train.cli", "build_plan", "rlstash.cli"),
+        ("rlstash.train.cli", "parse_field", "rlstash.cli"),
+        ("rlstash.train.cli", "cmd_doctor", "rlstash.cli.doctor"),
         ("rlstash.train.cli_train", "settings_from_args", "rlstash.cli.train"),
         ("rlstash.train.cli_train", "cmd_eval", "rlstash.cli.eval"),
         ("rlstash.train.cli_bench", "cmd_bench", "rlstash.cli.bench"),

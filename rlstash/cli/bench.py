@@ -34,6 +34,7 @@ class BenchConfig:
         (0, 2),
         "Worker counts to time, comma-separated, e.g. 0,2,auto.",
         parse=ints_at_least(0, ("auto",)),
+        metavar="N,N",
     )
     batch_size: int = s(256, "Rows per sample and per update.", at_least=1)
     algo: str = s("dqn", "Agent whose updates are timed (dqn, sac, ...).")

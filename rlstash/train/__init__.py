@@ -1,4 +1,4 @@
-"""The training application: config, set-up, loop, checkpoints, run log, evaluation, CLI.
+"""The training application: config, set-up, loop, checkpoints, run log, evaluation.
 
 Everything here sits on top of the library (storages, samplers, replay, envs, collectors,
 agents) and is what ``rlstash train`` / ``rlstash eval`` run::
@@ -8,7 +8,8 @@ agents) and is what ``rlstash train`` / ``rlstash eval`` run::
 
 Modules: :mod:`.config` (TrainConfig), :mod:`.algos` (algo -> agent config, agent, presets),
 :mod:`.builders` (``build_run``: env, buffer, agent, collectors), :mod:`.loop` (``train``),
-:mod:`.checkpoint`, :mod:`.runlog`, :mod:`.evaluate`, :mod:`.flags` and the ``cli*`` modules.
+:mod:`.checkpoint`, :mod:`.runlog`, :mod:`.evaluate`. The command line is :mod:`rlstash.cli`
+(``.flags`` and the ``cli*`` modules here are its deprecated re-exports).
 """
 
 from __future__ import annotations
