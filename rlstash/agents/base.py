@@ -9,6 +9,7 @@ An agent is used like this (the training loop in :mod:`rlstash.train.loop` is th
     metrics = agent.update(batch)              # {"loss": 0-dim Tensor, ...} + "td_error" [B]
     if agent.updates % 100 == 0:
         print(read_metrics(metrics))           # {"loss": float, ...}: one device-to-host copy
+        agent.check_finite(metrics)            # NonFiniteError once a loss was NaN/inf
     sampler.update_priorities(idx, metrics["td_error"])    # prioritized replay, if used
     collector.load_policy(agent.policy_state_dict())       # explicit weight transfer to actors
     save(agent.state_dict())                   # networks, optimizers, counters, RNG
@@ -35,6 +36,14 @@ Value checks of a batch (action indices in range) read it back, so they run on t
 and then every ``value_check_every`` updates (the shape, dtype and device checks run on every
 update; they read no data).
 
+Finite losses (invariant I10): each update records on the device, without a host read (inside
+the compiled step where it is compiled), whether its losses were finite, and counts the updates
+until the first that was not. ``check_finite`` reads that once (call it when logging; the
+training loop does, and before every checkpoint, where ``params=True`` also checks every
+weight and optimizer state) and raises :class:`~rlstash.finite.NonFiniteError` naming the
+update. ``act`` refuses a non-finite observation where acting runs on the CPU (there the check
+costs no device read; on a GPU the buffers' ``extend`` checks what the env returned).
+
 Devices: ``agent.device`` is where the learner lives; ``agent.act_device`` is where ``act`` runs.
 When they differ, ``act`` uses a copy of the policy networks on ``act_device`` that changes only
 when weights are moved explicitly: ``agent.sync_actor()`` or ``load_policy_state_dict``.
@@ -54,6 +63,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from rlstash import finite
 from rlstash.agents import compiled
 from rlstash.agents.actions import ActionMask
 from rlstash.agents.compiled import FlatAdam, Functional, lerp_, polyak_pairs
@@ -351,6 +361,68 @@ class AgentBase:
         self.env_steps = 0  # env steps acted (non-deterministic act calls), drives epsilon
         self.learn_gen = make_generator(self.device, self.seed)
         self.act_gen = make_generator(self.act_device, self.seed + 1)
+        self._new_loss_watch()
+
+    # --- finite losses (module docstring) ----------------------------------------------------
+
+    def _new_loss_watch(self) -> None:
+        """Device tensors of the loss watch, from ``updates`` on: every loss finite so far
+        (bool) and the number of updates up to the first non-finite one (int64). Replaced only
+        where the compiled steps are rebuilt too (they capture the tensors)."""
+        self._loss_ok = torch.ones((), dtype=torch.bool, device=self.device)
+        self._finite_updates = torch.full((), self.updates, dtype=torch.int64, device=self.device)
+
+    def _watch(self, *losses: torch.Tensor, counted: bool = False) -> None:
+        """Record whether this update's ``losses`` (0-dim) are all finite: a few in-place device
+        ops, no host read (compiled into the step on the compiled path). ``counted``: more
+        losses of an update already watched (TD3's delayed actor step)."""
+        parts = [loss.detach() for loss in losses]
+        now = torch.isfinite(parts[0] if len(parts) == 1 else torch.stack(parts)).all()
+        if counted:  # this update was counted as finite: uncount it if it was not
+            self._finite_updates.sub_((self._loss_ok & ~now).long())
+            self._loss_ok.logical_and_(now)
+            return
+        self._loss_ok.logical_and_(now)
+        self._finite_updates.add_(self._loss_ok)
+
+    def _watch_updates(self, each: torch.Tensor) -> None:
+        """:meth:`_watch` of ``k`` updates at once: ``each`` [k] bool, whether each update's
+        losses were finite, in order."""
+        leading = each.cumprod(0).sum()  # updates before the first non-finite one
+        self._finite_updates.add_(leading * self._loss_ok)
+        self._loss_ok.logical_and_(each.all())
+
+    def check_finite(self, metrics: Mapping[str, Any] | None = None, params: bool = False) -> None:
+        """Raise :class:`~rlstash.finite.NonFiniteError` when a loss of an update so far was NaN
+        or +-inf, naming the first such update (one device-to-host read). ``metrics``: the latest
+        update's, named in the message. ``params``: also every tensor of :meth:`state_dict`
+        (weights, targets, optimizer moments, normalisation statistics): before a checkpoint."""
+        flags = [self._loss_ok.to(torch.int64), self._finite_updates]
+        tensors = self._state_tensors() if params else []
+        if tensors:
+            flags.append(torch.stack([torch.isfinite(t).all() for t in tensors]).all().long())
+        ok, streak, *weights = torch.stack(flags).tolist()
+        if ok and all(weights):
+            return
+        bad = {k: v for k, v in read_metrics(metrics or {}).items() if not math.isfinite(v)}
+        latest = ", ".join(f"{k}={v}" for k, v in bad.items())
+        if ok:
+            what = "a weight or optimizer state turned non-finite (NaN or inf)"
+        else:
+            what = f"the loss turned non-finite (NaN or inf) at update {int(streak) + 1}"
+        raise finite.NonFiniteError(
+            f"{self.algo}: {what} (updates so far: {self.updates}"
+            f"{f'; latest: {latest}' if latest else ''}); its parameters are not to be trusted "
+            "or saved. Fix: a lower learning_rate, max_grad_norm to clip gradients, or look "
+            "for non-finite data (stored with check_finite=False)"
+        )
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        """Every float tensor a checkpoint of this agent holds (networks, optimizer state)."""
+        out = [t for net in self.nets.values() for t in net.state_dict().values()]
+        for group in self.groups.values():
+            out += group.state_tensors()
+        return [t for t in out if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
     def _setup(
         self, nets: dict[str, nn.Module], policy_names: tuple[str, ...], groups: dict
@@ -487,6 +559,7 @@ class AgentBase:
             group.load_state_dict(state["optims"][name], f"state['optims'][{name!r}]")
         self._steps = {}  # new optimizer state tensors: graphs capture them anew
         self.updates = int(state["counters"]["updates"])
+        self._new_loss_watch()  # counting from the loaded update on
         self.env_steps = int(state["counters"]["env_steps"])
         self.eager_update_s = float(state["counters"].get("eager_update_s", 0.0))
         for key, gen, dev in (
@@ -520,6 +593,8 @@ class AgentBase:
             )
             self.act_gen = make_generator(act_device, seed)
         self.device, self.act_device = device, act_device
+        self._loss_ok = self._loss_ok.to(device)  # the compiled steps are rebuilt (above)
+        self._finite_updates = self._finite_updates.to(device)
         self._build_actor()
         return self
 
@@ -552,4 +627,8 @@ class AgentBase:
             raise ValueError(
                 f"obs: expected shape [N, {', '.join(map(str, obs_shape))}], got {list(obs.shape)}"
             )
-        return obs.to(self.act_device)
+        obs = obs.to(self.act_device)
+        if obs.is_floating_point() and obs.device.type == "cpu":  # I10: no device read here
+            finite.check_finite({"obs": obs}, envs=obs.shape[0], refused="no action was chosen",
+                                fix="make the env return finite observations")  # fmt: skip
+        return obs
