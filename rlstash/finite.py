@@ -12,7 +12,7 @@ the field, the value and where it is::
 Rows are time-major when ``envs`` (N) is given: row ``r`` of a ``[T * N, ...]`` field is step
 ``r // N`` of env ``r % N`` (a field of N rows: env ``r``).
 
-Cost: one reduction per float field and batch (a sum, which is finite exactly when every
+Cost: one reduction per float field and batch (a sum, which can be finite only when every
 element is: a NaN or an infinity anywhere makes it NaN or infinite), read back once per device:
 on the CPU a few microseconds per field, on a GPU one device-to-host read per batch, whatever
 the number of fields. Only when a sum is not finite (a non-finite value, or a sum of huge finite
@@ -41,38 +41,43 @@ class NonFiniteError(ValueError):
 
 
 def _as_float_tensor(value: Any) -> torch.Tensor | None:
-    """``value`` as a float tensor (numpy arrays without a copy), or None when it holds no
-    floats (ints, bools, anything else: other checks deal with those)."""
+    """``value`` as a non-empty float tensor (a numpy array without a copy, unless in another
+    byte order), or None: ints, bools and anything else are left to other checks."""
     if isinstance(value, torch.Tensor):
-        return value if value.is_floating_point() else None
-    if isinstance(value, np.ndarray) and value.dtype.kind == "f":
-        try:
-            return torch.from_numpy(value)
-        except (TypeError, ValueError):  # a byte order torch does not take
-            return torch.from_numpy(value.astype(value.dtype.newbyteorder("=")))
+        return value if value.is_floating_point() and value.numel() else None
+    if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.size:
+        return torch.from_numpy(np.asarray(value, value.dtype.newbyteorder("=")))
     return None
 
 
 def _total(t: torch.Tensor) -> torch.Tensor:
     """The sum of ``t`` (0-dim), accumulated in float32 at least (half sums overflow early)."""
+    t = t.detach()
     if t.dtype in (torch.float16, torch.bfloat16):
         return t.sum(dtype=torch.float32)
     return t.sum()
 
 
-def _sums_finite(fields: list[tuple[str, torch.Tensor]]) -> bool:
-    """Whether every field's sum is finite: one host read per device (CPU: per field, free)."""
-    by_device: dict[torch.device, list[torch.Tensor]] = {}
-    for _, t in fields:
-        by_device.setdefault(t.device, []).append(_total(t.detach()))
-    for device, sums in by_device.items():
-        if device.type == "cpu":
-            host = [s.item() for s in sums]
-        else:  # one device-to-host copy for all the fields on this device
-            host = torch.stack([s.float() for s in sums]).tolist()
-        if not all(math.isfinite(v) for v in host):
-            return False
-    return True
+def _float_fields(batches: tuple[Mapping[str, Any], ...]) -> tuple[list[tuple[str, Any]], bool]:
+    """(the float fields of ``batches`` as (name, tensor), whether every one's sum is finite):
+    host sums read as they come, one device-to-host read per other device."""
+    fields: list[tuple[str, torch.Tensor]] = []
+    on_devices: dict[torch.device, list[torch.Tensor]] = {}
+    finite = True
+    for batch in batches:
+        for name, value in batch.items():
+            t = _as_float_tensor(value)
+            if t is None:
+                continue
+            fields.append((name, t))
+            if t.device.type != "cpu":
+                on_devices.setdefault(t.device, []).append(_total(t))
+            elif finite and not math.isfinite(_total(t).item()):
+                finite = False
+    for sums in on_devices.values():  # one device-to-host copy for the fields of a device
+        if finite and not all(map(math.isfinite, torch.stack([s.float() for s in sums]).tolist())):
+            finite = False
+    return fields, finite
 
 
 def _where(row: int, envs: int | None, rows: int) -> str:
@@ -91,9 +96,9 @@ def _first_bad(name: str, t: torch.Tensor, envs: int | None) -> str | None:
     if not rows.numel():
         return None
     row = int(rows[0])
-    value = float(flat[row][bad[row]][0])
+    got = float(flat[row][bad[row]][0])
     count = f" [{rows.numel()} of {flat.shape[0]} rows]" if rows.numel() > 1 else ""
-    return f"{name} has a non-finite value ({value}) at {_where(row, envs, flat.shape[0])}{count}"
+    return f"{name} has a non-finite value ({got}) at {_where(row, envs, flat.shape[0])}{count}"
 
 
 def check_finite(
@@ -114,13 +119,8 @@ def check_finite(
     The message names the first field (in order) with a non-finite value, the value, its row
     (and step and env), and how many rows of that field hold one.
     """
-    fields = []
-    for batch in batches:
-        for name, value in batch.items():
-            t = _as_float_tensor(value)
-            if t is not None and t.numel():
-                fields.append((name, t))
-    if not fields or _sums_finite(fields):
+    fields, finite = _float_fields(batches)
+    if finite:
         return
     for name, t in fields:
         found = _first_bad(name, t, envs)

@@ -71,6 +71,7 @@ from rlstash.device import resolve_device
 from rlstash.settings import SettingError, check_types, setting
 
 Batch = dict[str, torch.Tensor]
+FINITE_OBS_DEVICES = ("cpu",)  # where ``act`` checks its observations: a host read is free there
 
 
 @runtime_checkable
@@ -628,7 +629,7 @@ class AgentBase:
                 f"obs: expected shape [N, {', '.join(map(str, obs_shape))}], got {list(obs.shape)}"
             )
         obs = obs.to(self.act_device)
-        if obs.is_floating_point() and obs.device.type == "cpu":  # I10: no device read here
+        if obs.is_floating_point() and obs.device.type in FINITE_OBS_DEVICES:  # I10
             finite.check_finite({"obs": obs}, envs=obs.shape[0], refused="no action was chosen",
                                 fix="make the env return finite observations")  # fmt: skip
         return obs

@@ -340,6 +340,17 @@ def test_act_refuses_non_finite_observations(name):
             agent.act(obs, deterministic=deterministic)
 
 
+def test_act_checks_cpu_observations_with_one_free_read_per_call():
+    """The check's cost: one read of a sum per ``act`` on the CPU (none on a GPU:
+    tests/agents/test_host_reads.py)."""
+    from tests.agents.test_host_reads import count_host_reads
+
+    agent, _ = _agent("dqn")
+    with count_host_reads() as reads:
+        agent.act(torch.randn(5, 3)), agent.act(torch.randn(5, 3), deterministic=True)
+    assert reads == ["item", "item"]
+
+
 # --- settings -----------------------------------------------------------------------------
 
 
@@ -458,3 +469,33 @@ def test_train_whose_loss_diverges_keeps_the_last_finite_checkpoint(tmp_path, ca
     assert "dqn: " in err and "non-finite (NaN or inf)" in err and "updates so far" in err, err
     assert "the checkpoint" in err and "predates it" in err, err
     _checkpoint_is_finite(run, 64)
+
+
+# --- on a GPU (marker gpu; skipped without CUDA) ------------------------------------------
+
+
+@pytest.mark.gpu
+def test_on_cuda_batches_are_checked_and_graphed_updates_watch_their_loss():
+    """One device-to-host read per extend/add; the CUDA-graphed update's loss flag lives in
+    the graph (replays update it) and is read by check_finite."""
+    rb = ReplayBuffer(TensorStorage(SPEC, 16, device="cuda"))
+    batch = {k: v.cuda() for k, v in _rows().items()}
+    batch["obs"][5, 2] = float("inf")
+    with pytest.raises(ValueError, match=r"obs has a non-finite value \(inf\) at row 5"):
+        rb.extend(batch)
+    assert len(rb) == 0
+    ro = RolloutStorage(STEP, 3, 4, device="cuda")
+    steps = {k: v.cuda() for k, v in _steps(3, 4).items()}
+    steps["reward"][1, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"reward .*\(nan\) at env 2, step 1 of the batch"):
+        ro.add(steps, torch.zeros(4, 2, device="cuda"))
+    for name in ("dqn", "td3"):
+        agent, make = _agent(name, compile=True)
+        agent.to("cuda")
+        for seed in range(8):  # 2 warm-up calls, a capture, replays; NaN at update 6
+            batch = {
+                k: v.cuda() for k, v in make(seed, float("nan") if seed == 5 else None).items()
+            }
+            metrics = agent.update(batch)
+        with pytest.raises(ValueError, match=r"at update 6 \(updates so far: 8"):
+            agent.check_finite(metrics)
