@@ -141,6 +141,8 @@ def test_stream_same_step_final_obs_is_checked_where_an_episode_ended():
     batch["terminated"][1] = True
     with pytest.raises(ValueError, match=r"final_obs has a non-finite value \(nan\) at env 1"):
         store.extend(batch)
+    with pytest.raises(ValueError, match=r"obs has a non-finite value \(inf\) at row 0"):
+        store.end_episodes([1], final_obs=torch.tensor([[0.0, float("inf")]]))
     loose = StreamStorage(spec, 2, 32, autoreset="same_step", check_finite=False)
     loose.extend(batch)
     assert loose.size > 0
