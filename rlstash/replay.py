@@ -6,6 +6,7 @@ in a few lines; the contracts they follow are in :mod:`rlstash.core`.
     rb = ReplayBuffer(TensorStorage(spec, 100_000), sampler=PrioritizedSampler(), seed=0,
                       transforms=[normalize], device="cuda", pin_memory=True, prefetch=2)
     rb.extend(batch)                      # validated first: a bad batch writes nothing
+                                          # (NaN/inf in a float field too: check_finite)
     out = rb.sample(256)                  # fields + "index" (+ "weight" when prioritized)
     rb.update_priorities(out["index"], td_error)
 
@@ -50,6 +51,7 @@ from rlstash.core import (
     missing_members,
 )
 from rlstash.device import Delivery
+from rlstash.finite import check_finite
 from rlstash.indices import as_rows
 from rlstash.prefetch import Prefetcher, Stopped
 from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler
@@ -80,6 +82,10 @@ class ReplayBuffer:
         pin_memory: pin the final host batch (warns once and does nothing without CUDA).
         prefetch: number of batches a background thread keeps ready (0: none).
         seed: seed of the buffer's own ``numpy.random.Generator``.
+        check_finite: refuse a batch with NaN or +-inf in a float field (invariant I10:
+            ``extend`` raises a ValueError naming the field and the row; nothing is written).
+            False stores such values (it also turns off a StreamStorage's own check). The
+            check is one sum per float field and batch; on a GPU one host read per ``extend``.
     """
 
     def __init__(
@@ -91,6 +97,7 @@ class ReplayBuffer:
         pin_memory: bool = False,
         prefetch: int = 0,
         seed: int | None = None,
+        check_finite: bool = True,
     ) -> None:
         placed = isinstance(storage, PlacedStorage)
         if not placed and not isinstance(storage, Storage):
@@ -129,6 +136,11 @@ class ReplayBuffer:
         self.delivery = Delivery(device, pin_memory)
         self.prefetch = prefetch
         self.rng = np.random.default_rng(seed)
+        self.check_finite = bool(check_finite)
+        if placed and not check_finite and hasattr(storage, "check_finite"):
+            storage.check_finite = False  # the stream validates its own batches
+        # float fields, checked on the fast path (the checked path checks in spec.validate)
+        self._floats = [k for k, f in storage.spec.items() if f.dtype.is_floating_point]
         self.sampler.reset(storage.capacity)
         if isinstance(sampler, SpecChecker):  # e.g. SequenceSampler needs episode flags
             sampler.check_spec(storage.spec)
@@ -192,6 +204,8 @@ class ReplayBuffer:
         exact = self._exact(batch) if self._exact is not None else None
         if exact is not None:
             srcs, n = exact
+            if self.check_finite and self._floats:  # I10: the same objects as ``srcs``
+                check_finite({k: batch[k] for k in self._floats})
             writer = self.writer
             if n <= writer.capacity:
                 with self._lock:
@@ -204,7 +218,7 @@ class ReplayBuffer:
                 if type(index) is slice:
                     return np.arange(index.start, index.stop, dtype=np.int64)
                 return index
-        data = self.storage.spec.validate(batch)
+        data = self.storage.spec.validate(batch, finite=self.check_finite)
         n = next(iter(data.values())).shape[0]
         cap = self.capacity
         with self._lock:

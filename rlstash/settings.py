@@ -8,10 +8,11 @@ each field once::
         learning_rate: float = setting(1e-4, "Adam step size.")
 
 and gets from it everything else: :func:`check_types` refuses a value of the wrong type with
-the field named (``learning_rate: expected a float, got 'abc'``), :func:`parse_text` turns a
-command-line string into the field's type, and :mod:`rlstash.cli.flags` makes the
-``--learning-rate`` flag whose ``--help`` is the help text. Range rules stay in each class's
-``__post_init__``, raising :class:`SettingError` (or a ValueError that names the field).
+the field named (``learning_rate: expected a float, got 'abc'``; floats must be finite),
+:func:`parse_text` turns a command-line string into the field's type, and
+:mod:`rlstash.cli.flags` makes the ``--learning-rate`` flag whose ``--help`` is the help
+text. Range rules stay in each class's ``__post_init__``, raising :class:`SettingError` (or a
+ValueError that names the field).
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def describe(tp: Any) -> str:
 
 def coerce(name: str, value: Any, tp: Any) -> Any:
     """``value`` as type ``tp`` (ints widen to floats, lists to tuples), or SettingTypeError.
-    Floats must not be NaN."""
+    Floats must be finite (invariant I10: NaN and +-inf are refused for every float setting,
+    given in code, on the command line or in a config file)."""
     if _is_union(tp):
         for option in _args(tp):
             try:
@@ -123,8 +125,8 @@ def coerce(name: str, value: Any, tp: Any) -> Any:
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if math.isnan(value):
-                raise SettingError(name, "a number (not NaN)", value, "give a number")
+            if not math.isfinite(value):
+                raise SettingError(name, "a finite number (not NaN or inf)", value, "give a number")
             return float(value)
     elif tp is str:
         if isinstance(value, str):

@@ -10,7 +10,8 @@ A :class:`Spec` maps each field name to a :class:`Field` (per-row shape and dtyp
 Validation accepts safe casts (float64 -> float32, int32 -> int64, bool -> any number,
 integers into floats, integers into a narrower integer when every value fits) and refuses
 anything lossy across kinds (floats into an integer or bool field) with a message that names
-the field, what was expected and what came.
+the field, what was expected and what came. ``validate(batch, finite=True)`` also refuses
+NaN and +-inf in float fields (invariant I10).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from rlstash.finite import check_finite
 
 Batch = dict[str, torch.Tensor]
 
@@ -195,12 +198,14 @@ class Spec(Mapping[str, Field]):
         return Spec({**self._fields, **dict(other)})
 
     # Validation
-    def validate(self, batch: Mapping[str, Any]) -> Batch:
+    def validate(self, batch: Mapping[str, Any], finite: bool = False) -> Batch:
         """Check ``batch`` against the spec and return it as tensors of the spec's dtypes.
 
         Every field must be present (and no other), shaped ``[N, *field.shape]`` with the
         same ``N`` for all fields. Raises ValueError/TypeError naming the field, the expected
-        and the received shape or dtype. Nothing is modified in place.
+        and the received shape or dtype. With ``finite`` a float field holding NaN or +-inf is
+        refused too (:func:`rlstash.finite.check_finite`, a ValueError naming field and row:
+        what the buffers' ``extend`` asks for, invariant I10). Nothing is modified in place.
         """
         if not isinstance(batch, Mapping):
             raise TypeError(
@@ -234,6 +239,8 @@ class Spec(Mapping[str, Field]):
                     "all fields of a batch need the same number of rows"
                 )
             out[name] = cast_field(name, value, f.dtype)
+        if finite:
+            check_finite(out)
         return out
 
     def rows(self, batch: Mapping[str, torch.Tensor]) -> int:

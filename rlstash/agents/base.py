@@ -9,6 +9,7 @@ An agent is used like this (the training loop in :mod:`rlstash.train.loop` is th
     metrics = agent.update(batch)              # {"loss": 0-dim Tensor, ...} + "td_error" [B]
     if agent.updates % 100 == 0:
         print(read_metrics(metrics))           # {"loss": float, ...}: one device-to-host copy
+        agent.check_finite(metrics)            # NonFiniteError once a loss was NaN/inf
     sampler.update_priorities(idx, metrics["td_error"])    # prioritized replay, if used
     collector.load_policy(agent.policy_state_dict())       # explicit weight transfer to actors
     save(agent.state_dict())                   # networks, optimizers, counters, RNG
@@ -35,6 +36,14 @@ Value checks of a batch (action indices in range) read it back, so they run on t
 and then every ``value_check_every`` updates (the shape, dtype and device checks run on every
 update; they read no data).
 
+Finite losses (invariant I10): each update records on the device, without a host read (inside
+the compiled step where it is compiled), whether its losses were finite, and counts the updates
+until the first that was not. ``check_finite`` reads that once (call it when logging; the
+training loop does, and before every checkpoint, where ``params=True`` also checks every
+weight and optimizer state) and raises :class:`~rlstash.finite.NonFiniteError` naming the
+update. ``act`` refuses a non-finite observation where acting runs on the CPU (there the check
+costs no device read; on a GPU the buffers' ``extend`` checks what the env returned).
+
 Devices: ``agent.device`` is where the learner lives; ``agent.act_device`` is where ``act`` runs.
 When they differ, ``act`` uses a copy of the policy networks on ``act_device`` that changes only
 when weights are moved explicitly: ``agent.sync_actor()`` or ``load_policy_state_dict``.
@@ -54,13 +63,16 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from rlstash import finite
 from rlstash.agents import compiled
 from rlstash.agents.actions import ActionMask
 from rlstash.agents.compiled import FlatAdam, Functional, lerp_, polyak_pairs
+from rlstash.agents.loss_watch import LossWatch
 from rlstash.device import resolve_device
 from rlstash.settings import SettingError, check_types, setting
 
 Batch = dict[str, torch.Tensor]
+FINITE_OBS_DEVICES = ("cpu",)  # where ``act`` checks its observations: a host read is free there
 
 
 @runtime_checkable
@@ -321,8 +333,9 @@ def make_generator(device: torch.device, seed: int) -> torch.Generator:
 # --- shared agent plumbing -----------------------------------------------------------------
 
 
-class AgentBase:
-    """Devices, the acting copy, counters, generators and (de)serialization for every agent.
+class AgentBase(LossWatch):
+    """Devices, the acting copy, counters, generators and (de)serialization for every agent
+    (and the watch of its losses: :class:`~rlstash.agents.loss_watch.LossWatch`).
 
     A subclass builds its networks on CPU, then calls ``_setup(nets, policy_names, optims)``:
     ``nets`` holds every module with weights (targets included), ``policy_names`` the ones
@@ -351,6 +364,7 @@ class AgentBase:
         self.env_steps = 0  # env steps acted (non-deterministic act calls), drives epsilon
         self.learn_gen = make_generator(self.device, self.seed)
         self.act_gen = make_generator(self.act_device, self.seed + 1)
+        self._new_loss_watch()
 
     def _setup(
         self, nets: dict[str, nn.Module], policy_names: tuple[str, ...], groups: dict
@@ -487,6 +501,7 @@ class AgentBase:
             group.load_state_dict(state["optims"][name], f"state['optims'][{name!r}]")
         self._steps = {}  # new optimizer state tensors: graphs capture them anew
         self.updates = int(state["counters"]["updates"])
+        self._new_loss_watch()  # counting from the loaded update on
         self.env_steps = int(state["counters"]["env_steps"])
         self.eager_update_s = float(state["counters"].get("eager_update_s", 0.0))
         for key, gen, dev in (
@@ -520,6 +535,8 @@ class AgentBase:
             )
             self.act_gen = make_generator(act_device, seed)
         self.device, self.act_device = device, act_device
+        self._loss_ok = self._loss_ok.to(device)  # the compiled steps are rebuilt (above)
+        self._finite_updates = self._finite_updates.to(device)
         self._build_actor()
         return self
 
@@ -552,4 +569,8 @@ class AgentBase:
             raise ValueError(
                 f"obs: expected shape [N, {', '.join(map(str, obs_shape))}], got {list(obs.shape)}"
             )
-        return obs.to(self.act_device)
+        obs = obs.to(self.act_device)
+        if obs.is_floating_point() and obs.device.type in FINITE_OBS_DEVICES:  # I10
+            finite.check_finite({"obs": obs}, envs=obs.shape[0], refused="no action was chosen",
+                                fix="make the env return finite observations")  # fmt: skip
+        return obs

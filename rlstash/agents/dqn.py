@@ -210,6 +210,7 @@ class DQN(AgentBase):
         grad_norm = self.groups["q"].step(loss, self.config.max_grad_norm)
         if due:
             polyak_update(self.nets["q_target"], self.nets["q"], self.config.tau)
+        self._watch(loss)
         return self._metrics(loss, q, y, grad_norm)
 
     def _loss(self, batch: Batch, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,6 +230,7 @@ class DQN(AgentBase):
         grad, (loss, q) = fn.grad(self._loss, "q", batch, y)
         grad_norm = self.groups["q"].apply(grad, self.config.max_grad_norm)
         self._polyak("q", "q_target", "q")
+        self._watch(loss)
         return self._metrics(loss, q, y, grad_norm)
 
     @staticmethod

@@ -344,7 +344,8 @@ class PPO(AgentBase):
         clip = cfg.clip_range * (progress if cfg.anneal_clip_range else 1.0)
         self.groups["policy"].set_lr(lr)
         self.clip_now.fill_(clip)
-        sums = torch.zeros(len(METRICS), device=self.device)
+        per_epoch = -(-rollout.size // cfg.minibatch_size)
+        rows = torch.empty((cfg.n_epochs * per_epoch, len(METRICS)), device=self.device)
         batches, epochs = 0, 0
         for _ in range(cfg.n_epochs):
             epochs += 1
@@ -352,7 +353,7 @@ class PPO(AgentBase):
             for idx in rollout.minibatches(cfg.minibatch_size, self.learn_gen):
                 idx = None if idx is None else idx.to(self.device)
                 stats = self._minibatch(data, idx, clip)  # [len(METRICS)]
-                sums += stats
+                rows[batches] = stats
                 epoch_kl += stats[3]
                 batches, epoch_batches = batches + 1, epoch_batches + 1
             if cfg.target_kl is not None and float(epoch_kl) / epoch_batches > cfg.target_kl:
@@ -360,7 +361,9 @@ class PPO(AgentBase):
         if "obs_norm" in self.nets:  # the next rollout sees statistics that include this one
             self.nets["obs_norm"].rms.update(data["raw_obs"], data["valid"])
         self.sync_actor()
-        out: dict[str, Any] = dict(zip(METRICS, (sums / batches).unbind()))
+        # each minibatch step's loss terms finite? (one watch per rollout, no host read)
+        self._watch_updates(torch.isfinite(rows[:batches, :3]).all(1))
+        out: dict[str, Any] = dict(zip(METRICS, (rows[:batches].sum(0) / batches).unbind()))
         out["explained_variance"] = data["explained_variance"]
         out.update(epochs=epochs, learning_rate=lr, clip_range=clip)
         return out

@@ -292,6 +292,7 @@ class SAC(AgentBase):
         actor_loss = self._actor_loss(obs, a_pi, logp_pi, alpha)
         actor_norm = groups["actor"].step(actor_loss, cfg.max_grad_norm)
         losses = {"critic_loss": critic_loss, "actor_loss": actor_loss, "alpha_loss": alpha_loss}
+        self._watch(*losses.values())
         return self._metrics(losses, alpha, logp_pi, q, y, critic_norm, actor_norm)
 
     def _step(self, batch: Batch, action: torch.Tensor, eps: torch.Tensor) -> dict[str, Any]:
@@ -323,6 +324,7 @@ class SAC(AgentBase):
         actor_norm = groups["actor"].apply(actor_vjp(grads)[0], cfg.max_grad_norm)
         self._polyak("critic", "critic_target", "critic")
         losses = {"critic_loss": critic_loss, "actor_loss": actor_loss, "alpha_loss": alpha_loss}
+        self._watch(*losses.values())
         return self._metrics(losses, alpha, logp_pi, q, y, critic_norm, actor_norm)
 
     def _alpha_loss(self, logp_pi: torch.Tensor) -> torch.Tensor:

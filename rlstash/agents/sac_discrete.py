@@ -217,6 +217,7 @@ class DiscreteSAC(AgentBase):
             polyak_update(nets["q1_target"], nets["q1"], cfg.tau)
             polyak_update(nets["q2_target"], nets["q2"], cfg.tau)
         losses = {"critic_loss": critic_loss, "actor_loss": actor_loss, "alpha_loss": alpha_loss}
+        self._watch(*losses.values())
         return self._metrics(losses, alpha, entropy, target_h, q1, q2, y, critic_norm, actor_norm)
 
     def _critic_loss(self, batch: Batch, y: torch.Tensor) -> tuple[torch.Tensor, tuple]:
@@ -270,6 +271,7 @@ class DiscreteSAC(AgentBase):
         self._polyak("critic", "q1_target", "q1")
         self._polyak("critic", "q2_target", "q2")
         losses = {"critic_loss": critic_loss, "actor_loss": actor_loss, "alpha_loss": alpha_loss}
+        self._watch(*losses.values())
         return self._metrics(losses, alpha, entropy, target_h, q1, q2, y, critic_norm, actor_norm)
 
     @staticmethod

@@ -190,9 +190,11 @@ class TD3(AgentBase):
         y = self.td_target(batch, noise)  # [B]
         critic_loss, q = twin_critic_loss(self.nets["critic"], batch, action, y, 1.0)
         critic_norm = groups["critic"].step(critic_loss, cfg.max_grad_norm)
+        self._watch(critic_loss)
         if actor_due:
             actor_loss, _ = self._actor_loss(batch)
             actor_norm = groups["actor"].step(actor_loss, cfg.max_grad_norm)
+            self._watch(actor_loss, counted=True)
             polyak_update(self.nets["critic_target"], self.nets["critic"], cfg.tau)
             polyak_update(self.nets["actor_target"], self.nets["actor"], cfg.tau)
             self._actor_metrics = {"actor_loss": actor_loss.detach(), "actor_grad_norm": actor_norm}
@@ -211,6 +213,7 @@ class TD3(AgentBase):
         loss_fn = lambda *a: twin_critic_loss(self.nets["critic"], *a, 1.0)  # noqa: E731
         grad, (critic_loss, q) = fn.grad(loss_fn, "critic", batch, action, y)
         critic_norm = self.groups["critic"].apply(grad, self.config.max_grad_norm)
+        self._watch(critic_loss)
         return self._critic_metrics(critic_loss, q, y, critic_norm)
 
     def _actor_step(self, batch: Batch) -> dict:
@@ -219,6 +222,7 @@ class TD3(AgentBase):
         actor_norm = self.groups["actor"].apply(grad, self.config.max_grad_norm)
         self._polyak("critic", "critic_target", "critic")
         self._polyak("actor", "actor_target", "actor")
+        self._watch(actor_loss, counted=True)
         return {"actor_loss": actor_loss.detach(), "actor_grad_norm": actor_norm}
 
     @staticmethod

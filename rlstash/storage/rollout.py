@@ -55,18 +55,25 @@ from typing import Any
 
 import torch
 
+from rlstash.finite import OPT_OUT, check_finite, rows_where
 from rlstash.spec import Batch, Field, Spec, flat_obs
 
 Obs = Any  # a tensor, or a dict of tensors by key (a dict observation)
 DICT_PREFIX = "obs/"
 
 _FLAGS = ("reward", "terminated", "truncated")
+_FINITE_FIX = f"find where the env produces it, or {OPT_OUT} (RolloutStorage)"
 _TENSORS = ("obs", "action", "action_mask", "final_obs", *_FLAGS, "valid", "cont", "_after_done")
 
 
 class RolloutStorage:
     """[T, N] rollout storage (module docstring); ``spec`` holds ``obs`` and ``action`` per step
-    (and optionally ``action_mask``)."""
+    (and optionally ``action_mask``).
+
+    ``add`` refuses (ValueError naming the field, nothing changed) a field it does not know and,
+    unless ``check_finite=False``, NaN or +-inf in a float field (invariant I10: observations,
+    float actions, rewards, the final observations of ended episodes, ``next_obs``): one sum
+    per float field, read back once per ``add`` (one host read on a GPU)."""
 
     def __init__(
         self,
@@ -75,6 +82,7 @@ class RolloutStorage:
         num_envs: int,
         device: torch.device | str = "cpu",
         same_step: bool = False,
+        check_finite: bool = True,
     ) -> None:
         for name, value in (("steps", steps), ("num_envs", num_envs)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -95,6 +103,7 @@ class RolloutStorage:
             )
         self.spec, self.steps, self.num_envs = spec, steps, num_envs
         self.device, self.same_step = torch.device(device), bool(same_step)
+        self.check_finite = bool(check_finite)
         T, N = steps, num_envs
 
         def alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -180,6 +189,13 @@ class RolloutStorage:
                 f = self.obs_fields[key]
                 want[name] = ((T, N, *f.shape), f.dtype)
         optional = {"restarted": ((T, N), torch.bool)}
+        unknown = sorted(set(batch) - set(want) - set(optional), key=str)
+        if unknown:
+            finals = "" if self.same_step else "; final_obs needs RolloutStorage(same_step=True)"
+            raise ValueError(
+                f"batch: unexpected fields {unknown}; RolloutStorage.add takes {sorted(want)} "
+                f"and optionally {sorted(optional)}: drop the others{finals}"
+            )
         out: Batch = {}
         for name, (shape, dtype) in {**want, **optional}.items():
             if name not in batch:
@@ -204,6 +220,12 @@ class RolloutStorage:
                 raise ValueError(f"next_obs: missing key {key!r} (got {sorted(parts)})")
             f = self.obs_fields[key]
             out[name] = _field(name, parts[key], (N, *f.shape), f.dtype, self.device)
+        if self.check_finite:  # I10: [T, N] fields time-major; final obs where episodes ended
+            nxt = {k: v for k, v in out.items() if k.startswith("next_obs")}  # [N, ...]
+            steps = {k: v.flatten(0, 1) for k, v in out.items() if k not in nxt}
+            finals = {k: steps.pop(k) for k in list(steps) if k.startswith("final_obs")}
+            done = (out["terminated"] | out["truncated"]).reshape(-1)
+            check_finite(steps, rows_where(finals, done), nxt, envs=N, fix=_FINITE_FIX)
         return out
 
     def flat(self, name: str) -> Any:

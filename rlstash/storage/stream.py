@@ -126,6 +126,8 @@ class StreamStorage:
             ``"SameStep"`` (module docstring; the old ``"next_step"`` warns: rlstash.autoreset).
         reads: n-step, gamma and frame stacking of reads (:class:`ReadSpec`).
         stacked_input: observations arrive stacked ``[k, ...]``; only the newest frame is stored.
+        check_finite: refuse a batch with NaN or +-inf in a float field (invariant I10: a
+            ValueError naming the field, step and env; nothing is written); False stores them.
     """
 
     def __init__(
@@ -140,8 +142,10 @@ class StreamStorage:
         reads: ReadSpec | None = None,
         stacked_input: bool = False,
         allow_overcommit: bool = False,
+        check_finite: bool = True,
     ) -> None:
         self.spec = step_spec(spec)
+        self.check_finite = bool(check_finite)
         for name, v in (("num_envs", num_envs), ("capacity", capacity)):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
@@ -404,7 +408,9 @@ class StreamStorage:
         if final_obs is not None:
             if not isinstance(final_obs, Mapping):
                 final_obs = {self.obs_keys[0]: final_obs} if len(self.obs_keys) == 1 else final_obs
-            fin = Spec({k: self.spec[k] for k in self.obs_keys}).validate(final_obs)
+            fin = Spec({k: self.spec[k] for k in self.obs_keys}).validate(
+                final_obs, finite=self.check_finite
+            )
             if len(fin[self.obs_keys[0]]) != sel.size:
                 raise ValueError(
                     f"final_obs: expected one row per env ended ({sel.size}), "

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
+from rlstash.finite import check_finite
 from rlstash.storage.ram import numpy_view
 from rlstash.storage.stream_write import host_flags, reserve
 
@@ -63,9 +64,20 @@ class StepSlots:
         pos = self._pos(t)
         return {k: a[pos] for k, a in self._arrays.items()}
 
+    def _filled(self) -> dict[str, torch.Tensor]:
+        """The ``T`` steps' rows of each float field, time-major ``[T * N, ...]``."""
+        T, L, col, out = self.T, self.store.lane_capacity, self.col, {}
+        for k, g in self._grid.items():  # g: [L, N, ...]
+            if g.is_floating_point():
+                part = g[col : col + T] if col + T <= L else torch.cat([g[col:], g[: col + T - L]])
+                out[k] = part.reshape(T * g.shape[1], *g.shape[2:])
+        return out
+
     def commit(self, terminated: torch.Tensor, truncated: torch.Tensor) -> np.ndarray:
         """Record the ``T`` steps (their slots filled): ``terminated``/``truncated`` bool
-        ``[T, N]``. Returns the slots written, in order, as ``extend`` does."""
+        ``[T, N]``. Returns the slots written, in order, as ``extend`` does. A non-finite
+        float in the filled rows (invariant I10, unless the stream's ``check_finite`` is off)
+        raises a ValueError naming field, step and env: the steps are not recorded."""
         if not self._open:
             raise RuntimeError("StepSlots.commit: already committed")
         store, N = self.store, self.store.num_envs
@@ -77,6 +89,8 @@ class StepSlots:
                     f"{name}: expected a bool tensor of shape {list(shape)}, got {got}"
                 )
         store._check_open()
+        if store.check_finite:  # I10: the filled rows count only if their floats are finite
+            check_finite(self._filled(), envs=N)
         term, trunc = host_flags(terminated.reshape(-1), truncated.reshape(-1), self.T, N)
         plan = store.lanes.plan(term, trunc, False)
         if plan["cols"] is None or int(plan["cols"][0]) != self.col:  # pragma: no cover

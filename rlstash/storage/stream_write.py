@@ -24,6 +24,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from rlstash.atomic import write_atomic
+from rlstash.finite import check_finite, rows_where
 from rlstash.spec import Batch, Spec
 from rlstash.storage.lanes import Lanes
 
@@ -101,6 +102,10 @@ def validate(store: StreamStorage, batch: Mapping[str, Any]) -> tuple[Batch, Bat
         fspec = Spec({f: store.spec[k] for f, k in finals.items()})
         got = fspec.validate({f: flat(f, batch[f], head) for f in finals})
         final = {k: got[f] for f, k in finals.items()}
+    if store.check_finite:  # I10: every float field; final obs where an episode ended
+        ended = {"final_" + k: v for k, v in (final or {}).items()}
+        done = data["terminated"] | data["truncated"] if ended else None
+        check_finite(data, rows_where(ended, done) if ended else {}, envs=head[-1])
     return data, final, len(data[key]) // store.num_envs
 
 

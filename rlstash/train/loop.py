@@ -27,6 +27,7 @@ import numpy as np
 
 from rlstash.agents.base import read_metrics
 from rlstash.diag import telemetry
+from rlstash.finite import NonFiniteError
 from rlstash.train import builders, checkpoint, ray_run
 from rlstash.train.builders import Run, build_run
 from rlstash.train.config import TrainConfig
@@ -80,6 +81,10 @@ def train(cfg: TrainConfig | None = None, resume: str | Path | None = None) -> T
         if isinstance(run, onpolicy.OnPolicyRun):
             return onpolicy.run_loop(run, log)
         return _loop(run, log)
+    except NonFiniteError as exc:  # I10: a NaN/inf batch or loss; no checkpoint holds it
+        kept = checkpoint.latest(run_dir)
+        kept_text = f"the checkpoint {kept} predates it" if kept else "no checkpoint was written"
+        raise NonFiniteError(f"{exc}; training stopped at step {run.step}, {kept_text}") from None
     finally:
         log.close()
         run.close()
@@ -117,8 +122,15 @@ def drive(
     """The loop skeleton both loops share: ``iterate(metrics)`` collects, learns and advances
     ``run.step`` (returning the latest update's metrics); around it, timing
     (``train_seconds``), progress rows, evaluation, the stopping rule and checkpoints
-    (``save()``, also on Ctrl-C), then the final checkpoint, plot and verdict."""
+    (``save()``, also on Ctrl-C), then the final checkpoint, plot and verdict. The agent's
+    losses are checked finite when progress is logged, and its state before every save
+    (:meth:`~rlstash.agents.base.AgentBase.check_finite`): a checkpoint never holds NaN."""
     cfg, agent = run.cfg, run.agent
+
+    def finite_save() -> Path:
+        agent.check_finite(metrics, params=True)
+        return save()
+
     next_eval = (run.step // cfg.eval_every + 1) * cfg.eval_every
     next_ckpt = (run.step // cfg.checkpoint_every + 1) * cfg.checkpoint_every
     metrics: dict[str, Any] = {}
@@ -132,6 +144,7 @@ def drive(
             if time.monotonic() - last_log > 1.0:  # device metrics are read only here
                 last_log = time.monotonic()
                 log.log(run.step, _progress_row(run, metrics))
+                agent.check_finite(metrics)  # the loss flag: read once per progress row
                 log.note_compile(getattr(agent, "compile_seconds", 0.0))
             if run.step >= next_eval:
                 next_eval += cfg.eval_every * math.ceil((run.step - next_eval + 1) / cfg.eval_every)
@@ -139,12 +152,12 @@ def drive(
                 solved = _solved(run)
             if run.step >= next_ckpt:
                 next_ckpt += cfg.checkpoint_every
-                save()
+                finite_save()
     except KeyboardInterrupt:
         log.info(f"interrupted at step {run.step}; writing a checkpoint")
-        save()
+        finite_save()
         raise
-    ckpt = save()
+    ckpt = finite_save()
     log.note_compile(getattr(agent, "compile_seconds", 0.0), final=True)
     plot = plot_learning_curve(run.run_dir, run.threshold)
     last = run.evals[-1]["return_mean"] if run.evals else float("nan")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
+from rlstash.agents import base
 from rlstash.agents.actions import pack_mask
 from rlstash.agents.base import read_metrics
 from rlstash.agents.dqn import DQN, DQNConfig
@@ -169,7 +170,10 @@ def test_read_metrics_equals_the_values_in_order():
     assert list(read_metrics(metrics)) == ["loss", "epsilon", "grad_norm"]
 
 
-def test_unmasked_act_reads_nothing_back():
+def test_unmasked_act_reads_nothing_back(monkeypatch):
+    # as on a GPU: there act leaves the observations' finiteness to the buffers (on the CPU it
+    # checks them, a free read: tests/faults/test_finite.py)
+    monkeypatch.setattr(base, "FINITE_OBS_DEVICES", ())
     dqn = DQN((4,), 3, DQNConfig(net_arch=(8,)))
     dsac = DiscreteSAC((4,), 3, DiscreteSACConfig(net_arch=(8,)))
     td3 = TD3((4,), 2, -1.0, 1.0, TD3Config(net_arch=(8,), random_steps=5))
