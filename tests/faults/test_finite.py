@@ -32,7 +32,7 @@ from rlstash.spec import Spec
 from rlstash.storage import MemmapStorage, StreamStorage, TensorStorage, TieredStorage
 from rlstash.storage.rollout import RolloutStorage
 from rlstash.train import checkpoint
-from rlstash.train.cli import main
+from rlstash.cli import main
 from tests.agents.conftest import aot_eager, no_cuda  # noqa: F401 - fixtures
 
 BAD = [float("nan"), float("inf"), float("-inf")]
