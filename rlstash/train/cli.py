@@ -1,4 +1,4 @@
-"""The ``rlstash`` command: train | eval | plan | doctor | bench.
+"""The ``rlstash`` command: train | eval | verify | plan | doctor | bench.
 
 Each subcommand is a thin function over the library; parsing stays here.
 """
@@ -305,7 +305,11 @@ def _one_line_error(parser: argparse.ArgumentParser, command: str) -> Any:
 
 def _add_optional_commands(sub: argparse._SubParsersAction) -> None:
     """train / eval / bench live in their own modules; register them when present."""
-    for module in ("rlstash.train.cli_train", "rlstash.train.cli_bench"):
+    for module in (
+        "rlstash.train.cli_train",
+        "rlstash.train.cli_bench",
+        "rlstash.train.cli_verify",
+    ):
         try:
             mod = __import__(module, fromlist=["register"])
         except ImportError:
