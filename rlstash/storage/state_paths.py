@@ -73,8 +73,8 @@ def _check_dir(file: Path, path: Path, state: Mapping[str, Any], saved: str | No
     if saved and os.path.normpath(saved) != str(path):
         where += f" (written at {saved})"
     fix = (
-        f"copy or move the whole directory that holds {file.parent.name}/ and "
-        f"{path.name}/ together, or restore {path} from a copy"
+        f"keep {file.name} and {path.name}/ where they were to each other (copy or move a run "
+        f"directory as a whole), or restore {path} from a copy"
     )
     if not path.is_dir():
         raise DamagedFile(file, f"it refers to {where}, which does not exist", fix)
