@@ -512,6 +512,7 @@ def _load_file(path: Path) -> dict[str, Any]:
     except (
         EOFError, pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, ValueError,
         TypeError, KeyError, AttributeError, ImportError, IndexError, UnicodeDecodeError,
+        OSError,  # torch: a file cut short is OSError EINVAL
     ) as exc:  # fmt: skip
         raise manifest.DamagedFile(path, f"it does not load ({manifest.one_line(exc)})") from None
     if not isinstance(state, dict):

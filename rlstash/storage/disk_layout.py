@@ -112,7 +112,11 @@ def read_meta(path: Path) -> dict[str, Any]:
     file = path / META
     try:
         meta = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
+    except FileNotFoundError:
+        raise _damaged(file, "it is missing") from None
+    except ValueError as exc:  # not UTF-8, not JSON: cut short or overwritten
+        raise _damaged(file, f"it does not parse ({exc})") from None
+    except OSError as exc:
         raise ValueError(f"path: cannot read {file}: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"path: {file} is not the metadata of a MemmapStorage")

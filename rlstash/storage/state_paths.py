@@ -69,17 +69,20 @@ def resolve(state: Mapping[str, Any], file: str | os.PathLike) -> dict[str, Any]
 def _check_dir(file: Path, path: Path, state: Mapping[str, Any], saved: str | None) -> None:
     from rlstash.storage.disk_layout import META
 
-    where = f"the {state['kind']} directory {path}"
-    if saved and os.path.normpath(saved) != str(path):
-        where += f" (written at {saved})"
-    fix = (
-        f"keep {file.name} and {path.name}/ where they were to each other (copy or move a run "
-        f"directory as a whole), or restore {path} from a copy"
-    )
+    moved = f", written at {saved}" if saved and os.path.normpath(saved) != str(path) else ""
     if not path.is_dir():
-        raise DamagedFile(file, f"it refers to {where}, which does not exist", fix)
+        raise DamagedFile(
+            path,
+            f"it does not exist ({file.name} refers to it, the {state['kind']} directory{moved})",
+            f"keep {file.name} and {path.name}/ where they were to each other (copy or move a "
+            f"run directory as a whole), or restore {path} from a copy",
+        )
     if state["kind"] == "MemmapStorage" and not (path / META).is_file():
-        raise DamagedFile(file, f"it refers to {where}, which has no {META}", fix)
+        raise DamagedFile(
+            path / META,
+            f"it is missing (the {state['kind']} directory's metadata; {file.name} refers to it)",
+            f"restore {path} from a copy",
+        )
 
 
 def _check_streams(file: Path, state: Any) -> None:
@@ -92,9 +95,9 @@ def _check_streams(file: Path, state: Any) -> None:
         path = _first_path(state.get("backing"))
         if path is not None and not (Path(path) / NPZ).is_file():
             raise DamagedFile(
-                file,
-                f"it refers to the disk stream at {path}, which has no {NPZ} (the stream's "
-                "bookkeeping: which slots hold which steps)",
+                Path(path) / NPZ,
+                f"it is missing (the disk stream's bookkeeping: which slots hold which steps; "
+                f"{file.name} refers to it)",
                 f"restore {path} from a copy",
             )
     for value in state.values():

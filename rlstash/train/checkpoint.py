@@ -32,8 +32,8 @@ read) the recorded settings against what is asked for now (:func:`check_settings
 file's size and SHA-256, then ``torch.load``. Every failure is one line,
 :class:`~rlstash.manifest.DamagedFile` (a ValueError) naming the file, what is wrong and the
 fix (:func:`fix_for`); :func:`reading` turns what loading a checkpoint's contents can raise
-(EOFError, UnpicklingError, BadZipFile, a ``load_state_dict`` RuntimeError, a KeyError for a
-missing key) into the same. A checkpoint of an rlstash before manifests (``state.pt`` without
+(EOFError, UnpicklingError, BadZipFile, OSError for a file cut short, a ``load_state_dict``
+RuntimeError, a KeyError for a missing key) into the same. A checkpoint of an rlstash before manifests (``state.pt`` without
 ``format``) loads unchecked.
 """
 
@@ -216,20 +216,30 @@ def load_state(path: Path, man: dict[str, Any] | None | bool = True) -> dict[str
 @contextlib.contextmanager
 def reading(file: Path) -> Iterator[None]:
     """Turn what loading ``file`` (a checkpoint's) can raise into one DamagedFile line with
-    the checkpoint's fix: a DamagedFile gets that fix; EOFError, UnpicklingError, BadZipFile,
-    RuntimeError (``load_state_dict`` of other shapes), KeyError (a missing key), TypeError,
-    IndexError and AttributeError say that it does not load. Other errors pass unchanged."""
+    the checkpoint's fix. A DamagedFile without a fix of its own gets that fix (one with its
+    own, e.g. a missing disk buffer that both checkpoints use, keeps it); EOFError,
+    UnpicklingError, BadZipFile, RuntimeError (``load_state_dict`` of other shapes), KeyError
+    (a missing key), OSError (a file cut short), TypeError, IndexError and AttributeError
+    say that it does not load. Other errors pass unchanged."""
     fix = fix_for(file.parent)
     try:
         yield
-    except DamagedFile as exc:
-        raise exc.with_fix(fix) from None
+    except DamagedFile as exc:  # a file's own damage: the earlier checkpoint is the fix
+        raise (exc.with_fix(fix) if exc.fix == manifest.RESTORE else exc) from None
     except FileNotFoundError:
         raise DamagedFile(file, "it is missing", fix) from None
     except (
-        EOFError, pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, KeyError,
-        TypeError, IndexError, AttributeError, UnicodeDecodeError,
-    ) as exc:  # fmt: skip
+        EOFError,
+        pickle.UnpicklingError,
+        zipfile.BadZipFile,
+        RuntimeError,
+        KeyError,
+        TypeError,
+        IndexError,
+        AttributeError,
+        UnicodeDecodeError,
+        OSError,
+    ) as exc:  # fmt: skip  (torch reports a cut-short file as OSError EINVAL)
         raise DamagedFile(file, f"it does not load ({manifest.one_line(exc)})", fix) from None
 
 

@@ -116,8 +116,8 @@ def test_a_saved_buffer_and_its_disk_directory_move_together(tmp_path):
         )
     shutil.copy(there / "rb.pt", tmp_path / "rb.pt")  # the file alone: its data are not there
     shutil.copy(there / "MANIFEST.json", tmp_path / "MANIFEST.json")
-    with pytest.raises(DamagedFile, match=r"rb.pt is damaged: it refers to the MemmapStorage "
-                       r"directory .*data \(written at .*here/data\), which does not exist; fix: keep"):  # fmt: skip
+    with pytest.raises(DamagedFile, match=r"/data is damaged: it does not exist \(rb.pt refers to "
+                       r"it, the MemmapStorage directory, written at .*here/data\); fix: keep"):  # fmt: skip
         ReplayBuffer.load(tmp_path / "rb.pt")
     assert not (tmp_path / "data").exists()  # refused, not created empty
 
