@@ -186,10 +186,7 @@ def read_manifest(ckpt: Path) -> dict[str, Any] | None:
 
 def verify_file(ckpt: Path, name: str, man: dict[str, Any]) -> None:
     """Size and SHA-256 of ``ckpt/name`` against the manifest (DamagedFile with the fix)."""
-    try:
-        manifest.verify(ckpt / name, man, fix_for(ckpt))
-    except DamagedFile as exc:
-        raise exc.with_fix(fix_for(ckpt)) from None
+    manifest.verify(ckpt / name, man, fix_for(ckpt))
 
 
 def load_state(path: Path, man: dict[str, Any] | None | bool = True) -> dict[str, Any]:

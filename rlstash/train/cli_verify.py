@@ -61,7 +61,7 @@ def verify_run(run_dir: Path) -> list[Finding]:
     if not run_dir.is_dir():
         raise ValueError(f"run: {run_dir} is not a directory; give a run directory (runs/<name>)")
     found: list[Finding] = []
-    with rundir.hold(run_dir, create=False, doing="verify"):
+    with rundir.hold(run_dir, create=False, doing="rlstash verify"):
         ckpts = [run_dir / n for n in (checkpoint.NAME, f"{checkpoint.NAME}.old")]
         ckpts = [c for c in ckpts if c.is_dir()]
         if not ckpts:

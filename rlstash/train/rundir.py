@@ -30,6 +30,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from rlstash.manifest import DamagedFile
 from rlstash.train import checkpoint
 
 LOCK = "trainer.lock"
@@ -52,7 +53,7 @@ class Held:
 
 
 @contextlib.contextmanager
-def hold(run_dir: Path, create: bool = True, doing: str = "trainer") -> Iterator[Held]:
+def hold(run_dir: Path, create: bool = True, doing: str = "rlstash train") -> Iterator[Held]:
     """Hold ``run_dir`` exclusively for the block (module docstring). With ``create`` a
     missing directory is made; if the block then fails before ``held.keep`` is set (a run
     refused while it is set up), what was made is removed again: nothing is left behind."""
@@ -87,12 +88,12 @@ def _lock(run_dir: Path, doing: str) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            pid = holder_pid(path)
-            who = f"PID {pid}" if pid else "another process"
+            pid, what = holder(path)
+            who = f"PID {pid} ({what})" if pid else "another process"
             raise RunInUse(
-                f"run_dir: {run_dir} is in use by {who} (a trainer or rlstash verify holds "
-                f"{path}); one process at a time: wait for it to end or stop it"
-                f"{f' (kill {pid})' if pid else ''}, or pick another --name"
+                f"run_dir: {run_dir} is in use by {who}, which holds {path}; one process at a "
+                f"time: wait for it to end or stop it{f' (kill {pid})' if pid else ''}, or pick "
+                "another --name"
             ) from None
         except BaseException:
             os.close(fd)
@@ -109,13 +110,14 @@ def _lock(run_dir: Path, doing: str) -> int:
     raise RunInUse(f"run_dir: {run_dir} keeps being removed while it is locked; try again")
 
 
-def holder_pid(lock_file: Path) -> int | None:
-    """The PID written in a lock file (the holder's while it is held), or None."""
+def holder(lock_file: Path) -> tuple[int | None, str]:
+    """The PID and role (``rlstash train``, ``rlstash verify``) written in a lock file: its
+    holder's while it is held; ``(None, "")`` when unreadable."""
     try:
-        text = lock_file.read_text().split()
-        return int(text[0]) if text else None
+        pid, _, what = lock_file.read_text().strip().partition(" ")
+        return int(pid), what
     except (OSError, ValueError):
-        return None
+        return None, ""
 
 
 # ---------------------------------------------------------------------------- checkpoints
@@ -132,6 +134,11 @@ def read_checkpoint(
     if ckpt is None:
         raise ValueError(
             f"run: no complete checkpoint in {run_dir}; start a new run (rlstash train --name ...)"
+        )
+    newest = run_dir / checkpoint.NAME
+    if ckpt != newest and newest.exists():  # not the crash between the renames: it is damaged
+        raise DamagedFile(
+            newest, "it has no COMPLETE marker (written last)", checkpoint.fix_for(newest)
         )
     man = checkpoint.read_manifest(ckpt)
     if man is not None:

@@ -83,6 +83,7 @@ def _one_line(capsys, code: int, expected: int, *needles: str) -> str:
 
 CKPT_FILES = ["state.pt", "buffer.pt", "MANIFEST.json"]
 CASES = [(f"checkpoint/{f}", how) for f in CKPT_FILES for how in ("truncate", "flip", "delete")]
+CASES += [("checkpoint/COMPLETE", "delete")]  # an incomplete newest one: not skipped silently
 CASES += [("buffer/meta.json", how) for how in ("truncate", "flip", "delete")]
 CASES += [("buffer/commit.rec", "truncate"), ("buffer/commit.rec", "delete")]
 CASES += [("buffer/obs.bin", "truncate"), ("buffer/obs.bin", "delete")]
@@ -262,3 +263,21 @@ def test_a_full_disk_names_the_file_it_could_not_write(small_fs, monkeypatch, ca
     assert "enforce fail" not in err and "PytorchStreamWriter" not in err
     assert f"writing {run_dir / 'checkpoint.tmp'}/" in err  # names the file: state.pt, buffer.pt...
     assert f"the previous checkpoint {run_dir / 'checkpoint'} is intact" in err
+
+
+def test_a_checkpoint_written_before_manifests_still_resumes(run, capsys):
+    """No MANIFEST.json, ``state.pt`` without ``format``, a format-2 ``buffer.pt`` with an
+    absolute path: what an older rlstash wrote loads unchecked, as it did."""
+    for ckpt in (run / "checkpoint", run / "checkpoint.old"):
+        state = torch.load(ckpt / "state.pt", weights_only=False)
+        del state["format"], state["settings"]
+        torch.save(state, ckpt / "state.pt")
+        buf = torch.load(ckpt / "buffer.pt", weights_only=False)
+        buf["format"] = 2
+        buf["storage"]["backing"]["path"] = str(run / "buffer")
+        del buf["storage"]["backing"]["saved_path"]
+        torch.save(buf, ckpt / "buffer.pt")
+        (ckpt / "MANIFEST.json").unlink()
+    assert main(["train", "--resume", str(run)]) == 0, capsys.readouterr().err
+    assert "resumed at step 256" in capsys.readouterr().out
+    assert (run / "checkpoint" / "MANIFEST.json").exists()  # the next checkpoint has one
