@@ -96,10 +96,10 @@ def save(run_dir: Path, state: dict[str, Any], buffer: Any | None = None) -> Pat
         shutil.rmtree(tmp, ignore_errors=True)
         prev = latest(run_dir)
         kept = f"the previous checkpoint {prev} is intact" if prev else "no earlier checkpoint"
+        todo = f"free space under {run_dir}" if "disk is full" in cause else "remove the cause"
         raise CheckpointError(
             f"checkpoint at step {state.get('step', '?')} not written: writing {writing} failed "
-            f"({cause}); {kept}. Fix: free space under {run_dir}, then continue with "
-            f"--resume {run_dir}",
+            f"({cause}); {kept}. Fix: {todo}, then continue with --resume {run_dir}"
         ) from err
     if final.exists():
         final.rename(old)

@@ -281,3 +281,36 @@ def test_a_checkpoint_written_before_manifests_still_resumes(run, capsys):
     assert main(["train", "--resume", str(run)]) == 0, capsys.readouterr().err
     assert "resumed at step 256" in capsys.readouterr().out
     assert (run / "checkpoint" / "MANIFEST.json").exists()  # the next checkpoint has one
+
+
+def test_verify_scans_every_written_row_for_non_finite_values_in_chunks(run, monkeypatch, capsys):
+    from rlstash.train import cli_verify
+
+    monkeypatch.setattr(cli_verify, "_CHUNK_BYTES", 100)  # a few rows per chunk: many chunks
+    obs = np.memmap(run / "buffer" / "obs.bin", np.float32, "r+").reshape(-1, 4)
+    obs[5, 2], obs[77, 0] = np.nan, np.inf  # written slots (the data files are not hashed)
+    obs.flush()
+    del obs
+    assert main(["verify", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "field 'obs': 2 of " in out and "hold NaN or inf (slots [5, 77])" in out, out
+    assert "field 'reward'" not in out
+
+
+def test_torchs_internal_write_error_becomes_the_file_and_the_disk_space(tmp_path, monkeypatch):
+    """torch can report a failed write as "[enforce fail at inline_container.cc...]" with no
+    OSError behind it: the message then says what the free space says, never torch's text."""
+    from rlstash.diag import memory
+
+    def failing_save(obj, f):
+        f.write(b"PK")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(torch, "save", failing_save)
+    monkeypatch.setattr(memory, "disk_free", lambda path: 4096)
+    with pytest.raises(checkpoint.CheckpointError) as info:
+        checkpoint.save(tmp_path, {"step": 7, "config": {}, "agent": {}})
+    msg = str(info.value)
+    assert f"writing {tmp_path / 'checkpoint.tmp' / 'state.pt'} failed (the disk is full" in msg
+    assert "enforce fail" not in msg and "no earlier checkpoint" in msg
+    assert not (tmp_path / "checkpoint.tmp").exists()
