@@ -126,8 +126,9 @@ def read_checkpoint(
 ) -> tuple[Path, dict[str, Any], dict[str, Any] | None]:
     """``(checkpoint dir, state, manifest)`` of the newest complete checkpoint of ``run_dir``,
     checked in this order: the manifest; the settings it records against ``requested`` (a
-    TrainConfig, e.g. ``train(cfg, resume=...)``) and against the env now, before any tensor
-    is read; ``state.pt``'s size and SHA-256; ``torch.load``. ValueError lines otherwise."""
+    TrainConfig, e.g. ``train(cfg, resume=...)``: its algorithm, env and history, and what it
+    sets apart from the defaults) and against the env now, before any tensor is read;
+    ``state.pt``'s size and SHA-256; ``torch.load``. ValueError lines otherwise."""
     from rlstash.train.builders import probe_env
 
     ckpt = checkpoint.latest(run_dir)
@@ -145,7 +146,7 @@ def read_checkpoint(
         config = man["config"]
         if requested is not None:
             checkpoint.check_settings(
-                ckpt, _flat(config), _asked(requested, config), "the config asks for",
+                ckpt, _flat(config), _asked(requested), "the config asks for",
                 "a run resumes with its own settings: call train(resume=...) without a config, "
                 "or start a new run under another run_name",
             )  # fmt: skip
@@ -162,26 +163,25 @@ def read_checkpoint(
     state = checkpoint.load_state(ckpt, man)
     if man is None and requested is not None:
         checkpoint.check_settings(
-            ckpt, _flat(state["config"]), _asked(requested, state["config"]), "the config asks for",
+            ckpt, _flat(state["config"]), _asked(requested), "the config asks for",
             "a run resumes with its own settings: call train(resume=...) without a config",
         )  # fmt: skip
     return ckpt, state, man
 
 
-def _asked(cfg: Any, recorded: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings of ``cfg`` as a checkpoint records them: the run's identity first
-    (algorithm, env, history: compared before anything is resolved against the env), then
-    every other setting resolved as a new run would be, agent settings as ``agent.NAME``."""
-    from rlstash.train import algos
-    from rlstash.train.builders import probe_env
+def _asked(cfg: Any) -> dict[str, Any]:
+    """What ``cfg`` asks of a resumed run, named as :func:`_flat` names a recorded config:
+    the run's identity (algorithm, env, history) always, every other setting where it differs
+    from the default (where it was given), and the agent settings it gives."""
+    from rlstash.train.config import TrainConfig
 
-    ident = {k: getattr(cfg, k) for k in ("algo", "env", "history")}
-    if any(checkpoint.as_json(v) != checkpoint.as_json(recorded.get(k)) for k, v in ident.items()):
-        return ident
-    resolved, _ = algos.resolve(cfg, probe_env(cfg.env, cfg.history).act_space)
-    mine = dataclasses.asdict(resolved)
-    out = {k: v for k, v in mine.items() if k != "agent" and k not in _IGNORED}
-    out.update({f"agent.{k}": v for k, v in mine["agent"].items()})
+    default = TrainConfig()
+    out = {k: getattr(cfg, k) for k in ("algo", "env", "history")}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name not in (*out, "agent", *_IGNORED) and value != getattr(default, f.name):
+            out[f.name] = value
+    out.update({f"agent.{k}": v for k, v in (cfg.agent or {}).items()})
     return out
 
 

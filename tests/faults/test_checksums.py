@@ -179,6 +179,13 @@ def test_a_config_of_another_algorithm_is_refused_before_any_tensor_is_read(run,
     monkeypatch.setattr(torch, "load", no_tensors)
     with pytest.raises(ValueError, match=r"algo is 'sac' in it, the config asks for 'dqn'"):
         train(_cfg(run.parent, "run", algo="dqn", storage="disk"), resume=run)
+    monkeypatch.undo()
+    with pytest.raises(
+        ValueError, match=r"steps is 256 in it, the config asks for 512; a run resumes"
+    ):
+        train(_cfg(run.parent, "run", algo="sac", storage="disk", steps=512), resume=run)
+    same = train(_cfg(run.parent, "run", algo="sac", storage="disk"), resume=run)  # its own: fine
+    assert same.steps == 256
 
 
 class _Shaped(gym.Env):
