@@ -138,7 +138,7 @@ def run_tests(py: Path, rest: list[str]) -> int:
         print(f"[run.py] Ray tests skipped: {why}", flush=True)
         return code
     print("[run.py] Ray tests, in a network namespace with nothing but loopback", flush=True)
-    inner = [str(py), "-m", "pytest", "-q", "-m", "ray", "tests/collect", *rest]
+    inner = [str(py), "-m", "pytest", "-q", "-m", "ray", "tests/collect", "tests/faults", *rest]
     ray_code = subprocess.call(
         ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *inner]
     )

@@ -16,7 +16,7 @@ cfg = PPOConfig.for_env("CartPole-v1", total_steps=100_000)  # the RL Zoo's: 8 e
 agent = PPO((4,), 2, config=cfg)  # 2 discrete actions
 spec = Spec({"obs": ((4,), "float32"), "action": ((), "int64")})
 with ProcessPoolVectorEnv(
-    "CartPole-v1", num_envs=cfg.num_envs, num_workers=0, seed=0, autoreset_mode="same_step"
+    "CartPole-v1", num_envs=cfg.num_envs, num_workers=0, seed=0, autoreset_mode="SameStep"
 ) as env:
     collector = Collector(env, agent.act, cfg.rollout_steps * cfg.num_envs)
     rollout = RolloutStorage(spec, cfg.rollout_steps, cfg.num_envs, same_step=True)

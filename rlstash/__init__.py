@@ -6,6 +6,7 @@ never pull in torch)::
     from rlstash import Spec, Field, ReplayBuffer, TensorStorage, MemmapStorage, StreamStorage
     from rlstash import UniformSampler, PrioritizedSampler, SequenceSampler, plan
     from rlstash import ProcessPoolVectorEnv, Collector, RayCollector, DQN, SAC, DiscreteSAC, PPO, TD3, RateLimiter
+    from rlstash import from_rsl_rl   # rsl_rl-style envs (Isaac Lab, Genesis) for the Collector
     from rlstash import RolloutStorage
 """
 
@@ -44,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "WorkerFailedError": "rlstash.envs.errors",
     "EnvPool": "rlstash.envs",  # the old name of ProcessPoolVectorEnv: warns once
     "Collector": "rlstash.collect.sync",
+    "from_rsl_rl": "rlstash.envs.rsl_rl",  # rsl_rl-style envs (Isaac Lab, Genesis) as batched envs
     "AsyncCollector": "rlstash.collect.async_",
     "RayCollector": "rlstash.collect.ray",  # Ray itself is imported only when one is built
     "RayActorFailedError": "rlstash.collect.ray",
@@ -108,6 +110,7 @@ __all__ = [
     "TrainConfig",
     "UniformSampler",
     "WorkerFailedError",
+    "from_rsl_rl",
     "obs_shapes",
     "plan",
     "read_metrics",
@@ -139,6 +142,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.diag.memory import InsufficientMemoryError, MemoryPlan, plan
     from rlstash.envs.errors import WorkerFailedError
     from rlstash.envs.process_pool import ProcessPoolVectorEnv
+    from rlstash.envs.rsl_rl import from_rsl_rl
     from rlstash.indices import IndexRangeError
     from rlstash.ratelimit import RateLimiter
     from rlstash.replay import ReplayBuffer

@@ -26,7 +26,47 @@ _warned_pin = False
 
 
 SUPPORTED = ("cpu", "cuda", "meta")  # device types rlstash stores and delivers on
-_DEVICE_HELP = "'cpu', 'cuda', 'cuda:N', 'auto' (CUDA when available, else CPU) or 'meta'"
+COMPUTE = ("cpu", "cuda")  # device types that run computations: agents and training runs
+_META_NOTE = "'meta' holds shapes without data: dry runs of storages, never training"
+
+
+def device_help(kinds: tuple[str, ...] = SUPPORTED) -> str:
+    """The accepted spellings of a device of one of ``kinds``, for messages and ``--help``."""
+    words = ["'cpu'"] if "cpu" in kinds else []
+    if "cuda" in kinds:
+        words += ["'cuda'", "'cuda:N'", "'auto' (CUDA when available, else CPU)"]
+    words += [f"'{k}'" for k in kinds if k not in ("cpu", "cuda")]
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
+
+
+def check_device(
+    device: str | torch.device, name: str = "device", kinds: tuple[str, ...] = SUPPORTED
+) -> torch.device | None:
+    """The spelling and type check of :func:`resolve_device`, asking CUDA nothing: the
+    ``torch.device`` of ``device``, or None for ``"auto"``; a ValueError naming ``name``, the
+    value and the accepted ``kinds`` otherwise (e.g. ``kinds=COMPUTE`` refuses ``meta``)."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(
+            f"{name}: expected a device string or torch.device ({device_help(kinds)}), "
+            f"got {type(device).__name__} {device!r}"
+        )
+    if isinstance(device, str) and device == "auto" and "cuda" in kinds:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"{name}: {device!r} is not a device; expected {device_help(kinds)}"
+        ) from exc
+    if dev.type not in kinds:
+        why = f" ({_META_NOTE})" if dev.type == "meta" else ""
+        given = f" (from {str(device)!r})" if str(device) != dev.type else ""
+        where = "" if "meta" in kinds else " for computing (agents, training)"
+        raise ValueError(
+            f"{name}: device type {dev.type!r}{given} is not supported by rlstash{where}{why}; "
+            f"expected {device_help(kinds)}; fix: pass {name}='cpu' or a CUDA device"
+        )
+    return dev
 
 
 def resolve_device(
@@ -34,37 +74,26 @@ def resolve_device(
     name: str = "device",
     allow_none: bool = True,
     ops: CudaOps | None = None,
+    kinds: tuple[str, ...] = SUPPORTED,
 ) -> torch.device | None:
     """Parse and check a device argument; the one place rlstash turns user input into a device.
 
     ``"auto"`` means CUDA when available, else CPU. ``None`` stays ``None`` (leave data where
-    it is) when ``allow_none``. Supported types are ``cpu``, ``cuda`` and ``meta`` (shapes
-    without data: dry runs and tests). Anything else (``"mps"``, ``"xpu"``, a typo such as
-    ``"gpu"`` or ``"cuda:x"``), CUDA on a machine without it, or a GPU index the machine does
-    not have is a ``ValueError`` naming ``name``, the value and the fix, raised when the
-    object is built, never a silent CPU fallback. ``ops`` replaces the CUDA queries (tests).
+    it is) when ``allow_none``. Supported types are ``kinds``: by default ``cpu``, ``cuda`` and
+    ``meta`` (shapes without data: dry runs and tests); ``kinds=COMPUTE`` (what computes: agents,
+    training) refuses ``meta``. Anything else (``"mps"``, ``"xpu"``, a typo such as ``"gpu"``
+    or ``"cuda:x"``), CUDA on a machine without it, or a GPU index the machine does not have is
+    a ``ValueError`` naming ``name``, the value and the fix, raised when the object is built,
+    never a silent CPU fallback. ``ops`` replaces the CUDA queries (tests).
     """
     if device is None:
         if allow_none:
             return None
-        raise ValueError(f"{name}: expected {_DEVICE_HELP}, got None")
-    if not isinstance(device, (str, torch.device)):
-        raise TypeError(
-            f"{name}: expected a device string or torch.device ({_DEVICE_HELP}), "
-            f"got {type(device).__name__} {device!r}"
-        )
+        raise ValueError(f"{name}: expected {device_help(kinds)}, got None")
+    dev = check_device(device, name, kinds)
     ops = ops or CudaOps()
-    if isinstance(device, str) and device == "auto":
+    if dev is None:  # "auto"
         return torch.device("cuda") if ops.is_available() else torch.device("cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"{name}: {device!r} is not a device; expected {_DEVICE_HELP}") from exc
-    if dev.type not in SUPPORTED:
-        raise ValueError(
-            f"{name}: device type {dev.type!r} (from {str(device)!r}) is not supported by "
-            f"rlstash; expected {_DEVICE_HELP}; fix: pass {name}='cpu' or a CUDA device"
-        )
     if dev.type == "cuda":
         _check_cuda(dev, name, ops)
     return dev

@@ -92,8 +92,9 @@ class AsyncCollector:
         max_restarts: int = 3,
         step_timeout: float | None = None,
         rate_limiter: Any = None,
-        autoreset_mode: str = "next_step",
+        autoreset_mode: str | Any = "NextStep",
         slots_per_worker: int = 3,
+        start_timeout: float | None = config.START_TIMEOUT,
     ) -> None:
         """Start the workers (returns once every worker built its envs and policy).
 
@@ -112,11 +113,17 @@ class AsyncCollector:
                 in a server and each worker is forked from it) or ``"spawn"``.
             max_restarts: failures tolerated per worker before WorkerFailedError.
             step_timeout: seconds per env step; a worker with a free slot that delivers no
-                chunk of T steps within ``T * step_timeout`` is killed and restarted.
+                chunk of T steps within ``T * step_timeout`` is killed and restarted. A
+                worker's reset of its envs (at the start and after a restart) has the same
+                bound; a restarted worker that misses it is one more failure.
             rate_limiter: a :class:`~rlstash.ratelimit.RateLimiter`; each batch waits for
                 ``wait_insert(frames_per_batch)`` (the caller reports ``on_insert``).
-            autoreset_mode: ``"next_step"`` (default) or ``"same_step"`` (adds ``final_obs``).
+            autoreset_mode: ``"NextStep"`` (default) or ``"SameStep"`` (adds ``final_obs``): a
+                ``gymnasium.vector.AutoresetMode`` or its value (:mod:`rlstash.autoreset`).
             slots_per_worker: K >= 2 chunk slots per worker (how far a worker may run ahead).
+            start_timeout: seconds a worker may take to start and build its envs and policy,
+                at the start (then :class:`~rlstash.envs.WorkerFailedError`) and after each
+                restart (one more failure); None waits.
         """
         if isinstance(policy_factory, torch.nn.Module) or not callable(policy_factory):
             raise TypeError(
@@ -135,15 +142,18 @@ class AsyncCollector:
         K = config.check_positive_int("slots_per_worker", slots_per_worker, minimum=2)
         mode = config.autoreset_mode(autoreset_mode)
         if mode == "disabled":
-            raise ValueError("autoreset_mode: expected 'next_step' or 'same_step', got 'disabled'")
+            raise ValueError("autoreset_mode: expected 'NextStep' or 'SameStep', got 'Disabled'")
         method = _start_method(start_method)
-        timeout = config.step_timeout(step_timeout)
+        timeouts = config.Timeouts(
+            start=config.step_timeout(start_timeout, "start_timeout"),
+            step=config.step_timeout(step_timeout),
+        )
         restarts = config.check_positive_int("max_restarts", max_restarts, minimum=0)
         self._seed = config.seed(seed)
         _check_limiter(rate_limiter)
         rng = np.random.default_rng(self._seed)
-        sizes = Sizes(T, K, mode, timeout)
-        launcher = make_launcher(method, child_environ())
+        sizes = Sizes(T, K, mode, timeouts)
+        launcher = make_launcher(method, child_environ(), timeouts.start)
         groups = [fns[w * n : (w + 1) * n] for w in range(W)]
         self._fleet = Fleet(groups, policy_factory, sizes, launcher, restarts, rng)
         self._finalizer = weakref.finalize(self, self._fleet.close)

@@ -18,6 +18,11 @@ place before anyone sees it: per env lane
 
 So consecutive batches of a lane always continue each other, and a plain
 ``StreamStorage.extend`` sees a truncated episode, never a jump into a fresh one.
+
+Every wait takes its bound from the collector's :class:`~rlstash.envs.config.Timeouts`: a
+worker builds its envs and policy (INIT) within ``start_timeout`` and resets its envs
+(ATTACH) within ``step_timeout``, at the start and after every restart; a restarted worker
+that misses either is one more failure against ``max_restarts``.
 """
 
 from __future__ import annotations
@@ -41,11 +46,11 @@ from rlstash.collect.async_weights import SharedWeights
 from rlstash.collect.async_worker import BOOT_CODE
 from rlstash.envs import protocol as P
 from rlstash.envs.backend import Backend
+from rlstash.envs.config import Timeouts
 from rlstash.envs.errors import WorkerFailedError
 from rlstash.envs.launch import Launcher, WorkerProcess
-from rlstash.envs.process_backend import START_TIMEOUT
 from rlstash.envs.shm import SharedArrays, create_segment, resize_segment
-from rlstash.envs.shutdown import CLOSE_TIMEOUT, death_text, release_workers
+from rlstash.envs.shutdown import death_text, release_workers
 
 
 class Failure(Exception):
@@ -56,13 +61,16 @@ class Failure(Exception):
         self.reason, self.error = reason, error
 
 
-def make_launcher(method: str, environ: Mapping[str, str]) -> Launcher:
+def make_launcher(
+    method: str, environ: Mapping[str, str], start_timeout: float | None = None
+) -> Launcher:
     """The env pool's :class:`Launcher` with the collector's programs: a spawned worker and
     the fork server both import torch (CUDA hidden) first (``BOOT_CODE``), so with
     ``forkserver`` torch is imported once and restarts are cheap."""
     return Launcher(
         method,
         environ,
+        start_timeout=start_timeout,
         spawn_code=lambda c, r, m: (
             BOOT_CODE
             + f"from rlstash.collect.async_worker import main; main({c}, {r}, {m}, _found)"
@@ -96,12 +104,12 @@ class Handle:
 
 @dataclass(frozen=True)
 class Sizes:
-    """T steps per chunk, K slots per worker, the autoreset mode, the step timeout."""
+    """T steps per chunk, K slots per worker, the autoreset mode, the timeouts."""
 
     steps: int
     slots: int
     mode: str
-    step_timeout: float | None
+    timeouts: Timeouts
 
 
 class Fleet(Backend):
@@ -118,7 +126,8 @@ class Fleet(Backend):
     ) -> None:
         super().__init__(max_restarts, rng)
         self.steps, self.slots, self.mode = sizes.steps, sizes.slots, sizes.mode
-        self.step_timeout = sizes.step_timeout
+        self.timeouts = sizes.timeouts
+        self.step_timeout = sizes.timeouts.step
         starts = np.cumsum([0] + [len(f) for f in factories])
         self.handles = [Handle(w, int(starts[w]), f) for w, f in enumerate(factories)]
         self.num_workers = len(factories)
@@ -135,8 +144,8 @@ class Fleet(Backend):
         """Start every worker, lay out and map the segment, start collection; returns the
         spaces and weight spec of worker 0. Raises WorkerFailedError (closed) on failure."""
         for h in self.handles:
-            self._launch(h)
-        deadline = time.monotonic() + START_TIMEOUT
+            self._started(h, lambda h=h: self._launch(h))
+        deadline = self.timeouts.deadline("start")
         described = [self._started(h, lambda h=h: self._await(h, deadline)) for h in self.handles]
         first = described[0]
         for h, d in zip(self.handles, described):
@@ -159,12 +168,14 @@ class Fleet(Backend):
         self.weights = SharedWeights(self.shared, first["weights"])
         for h in self.handles:
             self._attach(h, seeds[h.envs[0] : h.envs[-1] + 1], np.zeros(n, bool))
+        deadline = self.timeouts.deadline("step")  # ATTACH resets the envs
         for h in self.handles:
-            self._started(h, lambda h=h: self._await(h, deadline))
+            self._started(h, lambda h=h: self._await(h, deadline, "step"))
             h.progress = time.monotonic()
         return first
 
-    def _started(self, h: Handle, wait: Callable[[], bytes]) -> Any:
+    def _started(self, h: Handle, wait: Callable[[], bytes | None]) -> Any:
+        """``wait()``'s reply unpickled; a failure closes the fleet (WorkerFailedError)."""
         try:
             reply = wait()
         except Failure as f:
@@ -173,7 +184,11 @@ class Fleet(Backend):
         return pickle.loads(reply) if reply else None
 
     def _launch(self, h: Handle) -> None:
-        h.proc = self.launcher.start(self.mem_fd)
+        try:
+            h.proc = self.launcher.start(self.mem_fd)
+        except TimeoutError:
+            limit = self.timeouts.describe("start")
+            raise Failure("timeout", f"the fork server did not fork within {limit}") from None
         h.inbox = L.Inbox(h.proc.reply_fd)
         h.incarnation += 1
         h.fresh = True
@@ -196,21 +211,24 @@ class Fleet(Backend):
         except (P.PeerGone, OSError):
             pass  # its death shows as end of file on the reply pipe
 
-    def _await(self, h: Handle, deadline: float) -> bytes:
-        """The next OK reply of ``h`` (start-up: no chunk can come before it)."""
+    def _await(self, h: Handle, deadline: float | None, bound: str = "start") -> bytes:
+        """The next OK reply of ``h`` (start-up: no chunk can come before it); ``bound``:
+        the timeout behind ``deadline`` (``"start"``, ``"step"``), named when it passes."""
         try:
             tag, payload = h.inbox.next(deadline)  # type: ignore[union-attr]
         except P.PeerGone:
             raise Failure("died", self._death_text(h)) from None
         except P.ReplyTimeout:
-            raise Failure("timeout", f"no answer within {START_TIMEOUT} s (start)") from None
+            limit = self.timeouts.describe(bound)
+            what = "its envs' reset" if bound in ("step", "restart") else "start"
+            raise Failure("timeout", f"no answer to {what} within {limit}") from None
         if tag == L.ERROR:
             raise Failure("exception", pickle.loads(payload)["traceback"])
         return payload
 
     def _death_text(self, h: Handle) -> str:
         assert h.proc is not None
-        return death_text(h.proc)
+        return death_text(h.proc, self.timeouts.close)
 
     # --- running ----------------------------------------------------------------------
     def releasable(self, h: Handle) -> bool:
@@ -305,17 +323,16 @@ class Fleet(Backend):
             code, pid = None, 0
             if old is not None:
                 old.kill()
-                code, pid = old.reap(CLOSE_TIMEOUT), old.pid
+                code, pid = old.reap(self.timeouts.close), old.pid
                 old.close_pipes()
             self.record_failure(h.index, h.envs, failure.reason, failure.error, code, command, pid)
             self._cut(h)
             try:
                 self._launch(h)
-                deadline = time.monotonic() + START_TIMEOUT
-                self._await(h, deadline)
+                self._await(h, self.timeouts.deadline("start"))
                 lanes = np.zeros(len(h.envs), bool) if h.bridge is None else h.bridge[0]
                 self._attach(h, self.fresh_seeds(len(h.envs)), lanes)
-                self._await(h, deadline)
+                self._await(h, self.timeouts.deadline("restart"), "restart")  # ATTACH resets
                 h.progress = time.monotonic()
                 return
             except Failure as f:
@@ -369,4 +386,5 @@ class Fleet(Backend):
         procs = [h.proc for h in self.handles if h.proc is not None]
         self.weights = None  # its views into the segment must be gone before the segment
         mem_fd, self.mem_fd = self.mem_fd, -1
-        release_workers(self.owner, procs, self.launcher, getattr(self, "shared", None), mem_fd)
+        shared = getattr(self, "shared", None)
+        release_workers(self.owner, procs, self.launcher, shared, mem_fd, self.timeouts.close)

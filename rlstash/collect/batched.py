@@ -2,7 +2,9 @@
 
 A batched env is a gymnasium ``VectorEnv`` whose ``reset``/``step`` take and return torch
 tensors on one device (ManiSkill3's ``ManiSkillVectorEnv``, Isaac Lab's envs, rlstash's
-``rlstash/CartPole-v1``). It is recognised by its ``device`` attribute. Then:
+``rlstash/CartPole-v1``). It is recognised by its ``device`` attribute, found through its
+wrappers; its first reset and step are checked (:mod:`rlstash.collect.env_contract`:
+shapes ``[N]``, dtypes, devices, gymnasium's step tuple). Then:
 
 * observations go straight to the policy and actions straight back to the env, on the env's
   device; batches ``[T, N, ...]`` are assembled there (nothing passes through the host);
@@ -16,8 +18,9 @@ tensors on one device (ManiSkill3's ``ManiSkillVectorEnv``, Isaac Lab's envs, rl
   nested dicts too) go to the policy as the env returns them and into the batch as fields
   ``obs/<key>`` (``obs/<key>/<subkey>``; same-step final observations ``final_obs/<key>``),
   the names :class:`~rlstash.storage.stream.StreamStorage` and ``TensorStorage`` specs use;
-* autoreset is the env's: ``metadata["autoreset_mode"]``, or same-step when the env does
-  not say (GPU simulators reset ended envs inside ``step``). In same-step mode the final
+* autoreset is the env's: ``metadata["autoreset_mode"]``, or gymnasium's default, NextStep,
+  when the env does not say (as on the host path; an undeclared env showing same-step
+  behaviour is refused with the declaration to add). In same-step mode the final
   observations come from ``info["final_obs"]`` (gymnasium >= 1.0, rlstash envs) or
   ``info["final_observation"]`` (ManiSkill3), a tensor ``[N, ...]`` read where the mask
   ``info["_final_obs"]`` (or the step's done flags) is set.
@@ -29,35 +32,25 @@ from typing import Any
 
 import numpy as np
 import torch
+from gymnasium.vector import AutoresetMode
 
+from rlstash import autoreset
+from rlstash.collect.env_contract import (
+    FINAL_KEYS,
+    UndeclaredNextStep,
+    check_leading,
+    check_step,
+    same_device,
+)
 from rlstash.device import CudaOps
 from rlstash.spec import Batch, flat_obs
 from rlstash.storage.ram import numpy_view
 from rlstash.storage.stream_direct import check_step_fields
 
-FINAL_KEYS = (("final_obs", "_final_obs"), ("final_observation", "_final_observation"))
-
-
-def env_device(env: Any) -> torch.device | None:
-    """The device of a batched torch env (its ``device`` attribute), or None."""
-    dev = getattr(env, "device", None)
-    if dev is None or isinstance(dev, bool):
-        return None
-    try:
-        return torch.device(dev)
-    except (TypeError, RuntimeError, ValueError):
-        return None
-
 
 def cuda_ops_for(device: torch.device) -> CudaOps | None:
     """The CUDA operations the path needs (None off CUDA; tests substitute fakes)."""
     return CudaOps() if device.type == "cuda" else None
-
-
-def autoreset_mode(env: Any) -> str:
-    """``"NextStep"``, ``"SameStep"`` or ``"Disabled"``: the env's metadata, else SameStep."""
-    mode = (getattr(env, "metadata", None) or {}).get("autoreset_mode", "SameStep")
-    return getattr(mode, "value", str(mode))
 
 
 def host(x: Any) -> np.ndarray:
@@ -254,19 +247,26 @@ class EpisodeLog:
 class BatchedPath:
     """Steps a batched env with a policy on the env's device (see the module docstring)."""
 
-    def __init__(self, env: Any, device: torch.device, cuda_stream: str) -> None:
-        self.env, self.device = env, device
+    def __init__(
+        self, env: Any, device: torch.device, cuda_stream: str, wrappers: tuple[str, ...] = ()
+    ) -> None:
+        self.env, self.device, self.wrappers = env, device, wrappers
         self.num_envs = int(env.num_envs)
         self.cuda = cuda_ops_for(device)
         self.dedicated = cuda_stream == "dedicated" and self.cuda is not None
         self._side: Any = None
-        mode = autoreset_mode(env)
-        if mode not in ("NextStep", "SameStep"):
+        declared = autoreset.declared(env)
+        mode = autoreset.DEFAULT if declared is None else declared
+        if mode not in autoreset.STEP_MODES:
             raise ValueError(
-                f"env: autoreset_mode {mode!r} is not supported by the Collector; make the env "
-                "with autoreset_mode NextStep or SameStep"
+                f"env: autoreset_mode {mode.value!r} is not supported by the Collector; make "
+                "the env with autoreset_mode NextStep or SameStep"
             )
-        self.same_step = mode == "SameStep"
+        self.same_step = mode == AutoresetMode.SAME_STEP
+        self.watch = None  # an env that says nothing: watched for same-step behaviour
+        if declared is None:
+            ended = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
+            self.watch = UndeclaredNextStep(ended)
         self.log = EpisodeLog(self.num_envs, device, self.cuda)
         self.obs: torch.Tensor | dict[str, Any] | None = None  # as the env returns it
         self.fields: dict[str, torch.Tensor] = {}  # its tensors by field name (flat_obs)
@@ -275,26 +275,35 @@ class BatchedPath:
         obs, _ = self.env.reset(seed=seed)
         self.obs, self.fields = obs, self._check_obs("observations", "obs", obs)
         self.log.reset()
+        if self.watch is not None:
+            self.watch.reset()
 
     def _check_obs(self, name: str, prefix: str, obs: Any) -> dict[str, torch.Tensor]:
         """The tensors of an observation (a tensor or a dict of them) by field name, checked."""
         fields = flat_obs(prefix, obs)
-        if len(fields) == 1 and prefix in fields:
-            self._check(name, fields[prefix])
-            return fields
         if not fields:
             raise TypeError(f"{name}: got an empty dict; expected tensors on {self.device}")
         for key, t in fields.items():
-            self._check(f"{name}[{key.partition('/')[2]!r}]", t)
+            label = name if key == prefix else f"{name}[{key.partition('/')[2]!r}]"
+            check_leading(label, self._check(label, t), self.num_envs)
         return fields
 
     def _check(self, name: str, t: Any) -> torch.Tensor:
-        if not isinstance(t, torch.Tensor) or t.device != self.device:
+        if not isinstance(t, torch.Tensor) or not same_device(t.device, self.device):
             where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
+            fix = (
+                "wrap the env so that it does, or give it no 'device' attribute to use the "
+                "host path"
+            )
+            if self.wrappers:
+                fix = (
+                    f"{self.device} is the device of the env inside {' > '.join(self.wrappers)}"
+                    f"; make {self.wrappers[0]} return tensors there, or give it a 'device' "
+                    "attribute of None (it returns host arrays: the host path)"
+                )
             raise TypeError(
                 f"{name}: a batched env on {self.device} must return torch tensors on "
-                f"{self.device}, got {where}; wrap the env so that it does, or give it no "
-                "'device' attribute to use the host path"
+                f"{self.device}, got {where}; {fix}"
             )
         return t
 
@@ -323,7 +332,7 @@ class BatchedPath:
 
     def _checked_policy(self, policy: Any, obs: torch.Tensor) -> torch.Tensor:
         actions = policy(obs)
-        if not isinstance(actions, torch.Tensor) or actions.device != self.device:
+        if not isinstance(actions, torch.Tensor) or not same_device(actions.device, self.device):
             where = actions.device if isinstance(actions, torch.Tensor) else type(actions)
             raise ValueError(
                 f"policy: expected actions as a tensor on {self.device} (the env's device), "
@@ -351,10 +360,7 @@ class BatchedPath:
             for k, v in fields.items():
                 o_t[k][t].copy_(v)  # before the step: an env may reuse its buffers
             a_t[t].copy_(actions)
-            next_obs, reward, term, trunc, info = self.env.step(actions)
-            if t == 0:
-                for name, value in (("reward", reward), ("terminated", term), ("truncated", trunc)):
-                    self._check(name, value)
+            next_obs, reward, term, trunc, info = self._step(actions, t)
             r_t[t].copy_(reward)
             term_t[t].copy_(term)
             trunc_t[t].copy_(trunc)
@@ -362,11 +368,23 @@ class BatchedPath:
                 self._final_obs(out, t, info, term_t[t] | trunc_t[t])
             obs, fields = next_obs, self._check_obs("observations", "obs", next_obs)
         self.obs, self.fields = obs, fields
+        if self.watch is not None:  # before anything is logged or returned
+            self.watch.rows(out["reward"], out["terminated"], out["truncated"])
         self.log.add(out["reward"], out["terminated"] | out["truncated"], not self.same_step)
         self.log.flush()
         if "final_missing" in out:
             _refuse_missing_final(out.pop("final_missing"))
         return out
+
+    def _step(self, actions: torch.Tensor, t: int) -> tuple[Any, Any, Any, Any, Any]:
+        """``env.step``; the first step of a batch is checked (:func:`check_step`), each
+        step's info too while the env's autoreset mode is undeclared."""
+        result = self.env.step(actions)
+        if t == 0:
+            result = check_step(self.env, result, self.num_envs, self.device)
+        if self.watch is not None:
+            self.watch.info(result[4])
+        return result
 
     @torch.no_grad()
     def collect_into(self, policy: Any, steps: int, target: Any) -> np.ndarray:
@@ -392,16 +410,16 @@ class BatchedPath:
             for k, v in fields.items():
                 np.copyto(row[k], numpy_view(v))  # before the step: an env may reuse its buffers
             np.copyto(row["action"], numpy_view(actions))
-            next_obs, reward, term, trunc, _ = self.env.step(actions)
-            if t == 0:
-                for name, value in (("reward", reward), ("terminated", term), ("truncated", trunc)):
-                    self._check(name, value)
+            next_obs, reward, term, trunc, _ = self._step(actions, t)
             np.copyto(row["reward"], numpy_view(reward), casting="same_kind")
             np.copyto(flags[0, t], numpy_view(term), casting="unsafe")
             np.copyto(flags[1, t], numpy_view(trunc), casting="unsafe")
             rewards.append(row["reward"])
             obs, fields = next_obs, self._check_obs("observations", "obs", next_obs)
         self.obs, self.fields = obs, fields
+        if self.watch is not None:  # before the steps are committed
+            r, f = torch.from_numpy(np.stack(rewards)), torch.from_numpy(flags)
+            self.watch.rows(r, f[0], f[1])
         self.log.add(rewards, torch.from_numpy(flags[0] | flags[1]), True)  # before the rows move
         self.log.flush()
         terminated, truncated = torch.from_numpy(flags[0]), torch.from_numpy(flags[1])

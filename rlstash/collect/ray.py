@@ -136,6 +136,8 @@ class RayCollector:
         rate_limiter: Any = None,
         address: str | None = None,
         actor_options: dict[str, Any] | None = None,
+        request_timeout: float = REQUEST_TIMEOUT,
+        restart_timeout: float = RESTART_TIMEOUT,
     ) -> None:
         """Start the actors (returns once Ray accepted them; the first batch waits for them).
 
@@ -156,10 +158,15 @@ class RayCollector:
             rate_limiter: a :class:`~rlstash.ratelimit.RateLimiter`; each batch waits for
                 ``wait_insert(frames_per_batch)`` (the caller reports ``on_insert``).
             address: None (use the Ray this process initialized, else start a private one),
-                ``"local"`` (a private single-node Ray) or a cluster address ``"host:port"``.
+                ``"local"`` (a private single-node Ray) or a cluster address ``"host:port"``
+                (refused within ``ray_session.CONNECT_TIMEOUT`` s when no Ray answers there:
+                :class:`~rlstash.collect.ray_session.RayUnreachableError`).
             actor_options: more options of every actor (``ray.remote(...).options``), e.g.
                 ``{"resources": {...}}`` or a ``scheduling_strategy`` (default ``"SPREAD"``);
                 ``max_restarts``, ``max_task_retries`` and CUDA hiding are the collector's.
+            request_timeout: seconds a chunk may take before its actor is killed (a failure).
+            restart_timeout: seconds Ray may take to restart a failed actor before that
+                counts as one more failure.
         """
         if isinstance(policy_factory, torch.nn.Module) or not callable(policy_factory):
             raise TypeError(
@@ -176,7 +183,9 @@ class RayCollector:
         _check_limiter(rate_limiter)
         self.num_actors, self.envs_per_actor, self.num_envs = K, n, N
         self.steps_per_batch, self.frames_per_batch = T, T * N
-        self.rate_limiter, self.request_timeout = rate_limiter, REQUEST_TIMEOUT
+        self.rate_limiter = rate_limiter
+        self.request_timeout = _seconds("request_timeout", request_timeout)
+        self.restart_timeout = _seconds("restart_timeout", restart_timeout)
         self.frames, self.stats, self.restarts = 0, EpisodeStats(), []
         self._rng = np.random.default_rng(self._seed)
         self._version, self._weights_box = 0, []
@@ -293,10 +302,13 @@ class RayCollector:
         now = time.monotonic()
         restarting = isinstance(exc, ray.exceptions.ActorUnavailableError)
         if a.recovering_since is not None and restarting:
-            if now - a.recovering_since < RESTART_TIMEOUT:
+            if now - a.recovering_since < self.restart_timeout:
                 a.retry_at = now + RETRY_PERIOD  # Ray is still restarting it: ask again soon
                 return
-            exc = TimeoutError(f"the actor did not come back within {RESTART_TIMEOUT:g} s: {exc}")
+            exc = TimeoutError(
+                f"the actor did not come back within restart_timeout={self.restart_timeout:g} s: "
+                f"{exc}"
+            )
         a.failures += 1
         event = ActorRestart(a.index, a.lanes, a.failures, error=str(exc), **a.where)
         self.restarts.append(event)
@@ -422,6 +434,14 @@ def _steps(frames_per_batch: Any, n: int) -> int:
             f"envs_per_actor) of at least 2 steps per env, got {frames_per_batch}; use {lo} or {lo + n}"
         )
     return frames_per_batch // n
+
+
+def _seconds(name: str, value: Any) -> float:
+    """A timeout in seconds > 0 (finite); ValueError naming ``name`` otherwise."""
+    seconds = config.step_timeout(value, name)
+    if seconds is None:
+        raise ValueError(f"{name}: expected seconds > 0, got None")
+    return seconds
 
 
 def _shutdown(actors: list[_Actor], session: RaySession) -> None:

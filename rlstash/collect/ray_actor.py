@@ -105,7 +105,7 @@ class ChunkActor:
         if self.collector.same_step:
             raise ValueError(
                 "env: RayCollector needs next-step autoreset (gymnasium's default), the env "
-                "resets within the step; drop autoreset_mode='same_step'"
+                "resets within the step; drop autoreset_mode='SameStep'"
             )
         self.collector.reset()
         self._episodes = 0

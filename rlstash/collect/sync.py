@@ -1,8 +1,11 @@
 """Collector: the policy runs in this process, one forward pass for all envs per step.
 
 Two paths, chosen by the env: a host env (a ProcessPoolVectorEnv, gymnasium's numpy vector envs) and a
-batched torch env with a ``device`` attribute (GPU simulators, ``rlstash/CartPole-v1``),
-whose tensors stay on that device (:mod:`rlstash.collect.batched`).
+batched torch env with a ``device`` attribute, found through its wrappers (GPU simulators,
+``rlstash/CartPole-v1``), whose tensors stay on that device (:mod:`rlstash.collect.batched`).
+On both, the first reset and step are checked (:mod:`rlstash.collect.env_contract`: the
+step tuple, ``[N]`` rewards and bool flags, observations ``[N, ...]``) and the autoreset mode
+is the env's ``metadata["autoreset_mode"]``, else gymnasium's default, NextStep.
 
 ::
 
@@ -35,8 +38,18 @@ from typing import Any
 
 import numpy as np
 import torch
+from gymnasium.vector import AutoresetMode
 
-from rlstash.collect.batched import BatchedPath, env_device, host
+from rlstash import autoreset
+from rlstash.collect.batched import BatchedPath, host
+from rlstash.collect.env_contract import (
+    UndeclaredNextStep,
+    check_host_obs,
+    check_step,
+    find_device,
+    looks_like_rsl_rl,
+    rsl_rl_refusal,
+)
 from rlstash.device import Delivery, is_cuda, resolve_device
 from rlstash.spec import Batch
 
@@ -69,6 +82,8 @@ class Collector:
         total_frames: int | None = None,
         seed: int | None = None,
     ) -> None:
+        if looks_like_rsl_rl(env):
+            raise rsl_rl_refusal(env, "has get_observations() and is no gymnasium VectorEnv")
         n = int(env.num_envs)
         if not isinstance(frames_per_batch, int) or frames_per_batch < n:
             raise ValueError(
@@ -88,8 +103,9 @@ class Collector:
         self.total_frames = total_frames
         self.frames = 0
         self._stats = EpisodeStats()
-        on = env_device(env)
+        on, wrappers = find_device(env)
         self.batched: BatchedPath | None = None
+        self._watch: UndeclaredNextStep | None = None
         if on is not None:  # a batched torch env: the policy runs on its device
             if cuda_stream not in ("current", "dedicated"):
                 raise ValueError(
@@ -97,12 +113,15 @@ class Collector:
                 )
             _check_same_device(device, on)
             self.device = on
-            self.batched = BatchedPath(env, on, cuda_stream)
+            self.batched = BatchedPath(env, on, cuda_stream, wrappers)
             self.same_step = self.batched.same_step
         else:
             self.device = resolve_device(device, "device") or torch.device("cpu")
             self.to_device = Delivery(self.device, False, stream=cuda_stream)
-            self.same_step = _autoreset_mode(env) == "SameStep"
+            declared = autoreset.declared(env)
+            self.same_step = declared == AutoresetMode.SAME_STEP
+            if declared is None:  # gymnasium's default, NextStep: watched for same-step signs
+                self._watch = UndeclaredNextStep(np.zeros(n, bool))
         self._seed = seed
         self._obs: np.ndarray | None = None
         self._ret = np.zeros(n, np.float64)
@@ -141,6 +160,9 @@ class Collector:
             self._obs = self.batched.obs
             return
         self._obs, _ = self.env.reset(seed=seed)
+        check_host_obs(self._obs, self.num_envs)
+        if self._watch is not None:
+            self._watch.reset()
         self._ret[:] = 0
         self._len[:] = 0
         self._after_done[:] = False
@@ -194,7 +216,7 @@ class Collector:
         for t in range(T):
             obs = np.array(self._obs, copy=True)
             actions = self.act(obs)
-            next_obs, reward, term, trunc, info = self.env.step(actions)
+            next_obs, reward, term, trunc, info = self._step(actions, t)
             rows["obs"].append(obs)
             rows["action"].append(np.asarray(actions))
             rows["reward"].append(np.asarray(reward, np.float32))
@@ -213,6 +235,19 @@ class Collector:
         if restarted.any():  # only then: the stream storage ends those episodes cleanly (I7)
             batch["restarted"] = torch.from_numpy(restarted)
         return batch
+
+    def _step(self, actions: np.ndarray, t: int) -> tuple[Any, Any, Any, Any, Any]:
+        """``env.step`` on the host path; the first step of a batch checked (``check_step``),
+        an env with an undeclared autoreset mode watched at each step."""
+        result = self.env.step(actions)
+        if t == 0:
+            result = check_step(self.env, result, self.num_envs, None)
+        if self._watch is not None:
+            _, reward, term, trunc, info = result
+            self._watch.info(info)
+            r, te, tr = (np.asarray(x)[None] for x in (reward, term, trunc))
+            self._watch.rows(r, te, tr)
+        return result
 
     def _track(self, reward: np.ndarray, term: np.ndarray, trunc: np.ndarray) -> None:
         live = ~self._after_done  # next-step mode: a reset step belongs to no episode
@@ -270,6 +305,8 @@ def _run_episodes(c: Collector, episodes: int, seed: int | None) -> tuple[list[f
     lengths: list[int] = []
     after_done = np.zeros(n, bool)
     obs, _ = c.env.reset(seed=seed)
+    if c.batched is None:
+        check_host_obs(obs, n)
     while (count < target).any():
         obs, reward, term, trunc, _ = c.env.step(c.act(obs))
         live = (count < target) & ~after_done
@@ -295,11 +332,6 @@ def _check_same_device(device: Any, on: torch.device) -> None:
             f"device: the env steps on {on} and the policy must run there (batches stay on the "
             f"env's device), got device={str(device)!r}; pass device=None or {str(on)!r}"
         )
-
-
-def _autoreset_mode(env: Any) -> str:
-    mode = getattr(env, "metadata", {}).get("autoreset_mode", "NextStep")
-    return getattr(mode, "value", str(mode))
 
 
 def _final_obs(next_obs: np.ndarray, info: dict, done: np.ndarray) -> np.ndarray:

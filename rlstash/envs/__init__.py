@@ -2,7 +2,9 @@
 shared memory, a drop-in for ``gymnasium.vector.AsyncVectorEnv``).
 
 Nothing under ``rlstash.envs`` imports torch, so worker processes stay small and can never
-touch CUDA (invariant I1).
+touch CUDA (invariant I1); the batched torch envs (:mod:`rlstash.envs.batched`) and
+:func:`from_rsl_rl` (rsl_rl-style envs such as Isaac Lab's and Genesis's as batched torch
+envs: :mod:`rlstash.envs.rsl_rl`) load torch only when used.
 
 ``EnvPool`` is the former name of :class:`ProcessPoolVectorEnv`; it still resolves (to the
 same class) with a one-time ``FutureWarning``, and will be removed. It was renamed because
@@ -31,15 +33,23 @@ __all__ = [
     "RestartEvent",
     "WorkerFailedError",
     "WorkerRestartWarning",
+    "from_rsl_rl",
     "usable_cpus",
 ]
+
+_LAZY = {"from_rsl_rl": "rlstash.envs.rsl_rl"}  # torch-backed: imported on first use
 
 _RENAMED = {"EnvPool": ProcessPoolVectorEnv}
 _warned: set[str] = set()
 
 
 def __getattr__(name: str) -> Any:
-    """``EnvPool``: the old name of :class:`ProcessPoolVectorEnv` (warns once per process)."""
+    """``from_rsl_rl`` (imports torch, so only when asked for); ``EnvPool``: the old name of
+    :class:`ProcessPoolVectorEnv` (warns once per process)."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
     if name not in _RENAMED:
         raise AttributeError(f"module 'rlstash.envs' has no attribute {name!r}")
     new = _RENAMED[name]

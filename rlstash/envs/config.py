@@ -8,29 +8,27 @@ from __future__ import annotations
 
 import functools
 import numbers
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from rlstash import autoreset
 from rlstash.envs import registry
 from rlstash.envs.cpus import usable_cpus
 from rlstash.envs.errors import OversubscriptionWarning, SpaceMismatchError, user_stacklevel
 from rlstash.envs.launch import START_METHODS, default_start_method
+from rlstash.envs.shutdown import CLOSE_TIMEOUT
 
 OVERSUBSCRIPTION = 2  # warn when workers > this many times the usable cores
+START_TIMEOUT = 120.0  # default start_timeout: seconds for a worker to build its envs
 
-_MODES = {
-    "next_step": "next_step",
-    "same_step": "same_step",
-    "disabled": "disabled",
-    AutoresetMode.NEXT_STEP.value: "next_step",
-    AutoresetMode.SAME_STEP.value: "same_step",
-    AutoresetMode.DISABLED.value: "disabled",
-}
-MODE_ENUM = {
+MODE_ENUM = {  # the pool's internal names (rlstash.autoreset.TOKEN; spelled out: importing
+    # rlstash.autoreset may be what first imports gymnasium, whose import hook imports this)
     "next_step": AutoresetMode.NEXT_STEP,
     "same_step": AutoresetMode.SAME_STEP,
     "disabled": AutoresetMode.DISABLED,
@@ -77,14 +75,10 @@ def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
 
 
 def autoreset_mode(value: str | AutoresetMode) -> str:
-    """``"next_step"``, ``"same_step"`` or ``"disabled"`` from a name or the gymnasium enum."""
-    key = value.value if isinstance(value, AutoresetMode) else value
-    if not isinstance(key, str) or key not in _MODES:
-        raise ValueError(
-            f"autoreset_mode: expected one of 'next_step', 'same_step', 'disabled' or a "
-            f"gymnasium.vector.AutoresetMode, got {value!r}"
-        )
-    return _MODES[key]
+    """The pool's internal name of a mode (``"next_step"``, ``"same_step"``, ``"disabled"``)
+    from gymnasium's :class:`AutoresetMode` or its value (:func:`rlstash.autoreset.resolve`:
+    the old spelling warns, anything else is a ValueError)."""
+    return autoreset.TOKEN[autoreset.resolve(value)]
 
 
 def num_workers(value: int | str | None, num_envs: int) -> int | str:
@@ -162,12 +156,53 @@ def start_method(value: str | None, name: str = "context") -> str:
     return value
 
 
-def step_timeout(value: float | None) -> float | None:
+def step_timeout(value: float | None, name: str = "step_timeout") -> float | None:
+    """Seconds > 0 (finite) or None; ValueError naming ``name`` otherwise."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
-        raise ValueError(f"step_timeout: expected seconds > 0 or None, got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not 0 < value < float("inf")
+    ):
+        raise ValueError(f"{name}: expected seconds > 0 or None, got {value!r}")
     return float(value)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """The bound of every wait for a worker process, from the pool's (or collector's)
+    settings; one object, so that no wait has a bound of its own.
+
+    * ``start``: a worker starts, builds its envs (INIT) and maps the shared memory
+      (ATTACH): at the pool's start and at every restart (``start_timeout``).
+    * ``step``: one step, reset or call (``step_timeout``).
+    * ``restart``: the reset of a restarted worker's envs, the last part of a restart:
+      ``step_timeout`` when set, else ``start_timeout`` (a restart is never waited on
+      without a bound while the pool has one).
+    * ``close``: a worker ends after CLOSE, or is reaped after SIGKILL.
+
+    None waits (a worker that dies is still noticed at once: its pipe closes).
+    """
+
+    start: float | None = START_TIMEOUT
+    step: float | None = None
+    close: float = CLOSE_TIMEOUT
+
+    @property
+    def restart(self) -> float | None:
+        return self.start if self.step is None else self.step
+
+    def deadline(self, which: str) -> float | None:
+        """``time.monotonic()`` + the ``which`` bound (``"start"``, ``"step"``), or None."""
+        seconds = getattr(self, which)
+        return None if seconds is None else time.monotonic() + seconds
+
+    def describe(self, which: str) -> str:
+        """``"step_timeout=2.0 s"``: the setting that bounds ``which``, for error texts."""
+        if which == "restart":
+            which = "start" if self.step is None else "step"
+        return f"{which}_timeout={getattr(self, which)} s"
 
 
 def seed(value: int | None) -> int | None:

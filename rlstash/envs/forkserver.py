@@ -127,8 +127,13 @@ def main(ctl_fd: int) -> None:
 class ForkServerClient:
     """The pool's end of a fork server: ``fork(fds) -> pid``, ``reap(pid)``, ``close()``."""
 
-    def __init__(self, start: Callable[[str, list[int]], subprocess.Popen]) -> None:
-        """``start(code, pass_fds)`` launches ``python -c code`` (see :mod:`launch`)."""
+    def __init__(
+        self, start: Callable[[str, list[int]], subprocess.Popen], timeout: float | None = None
+    ) -> None:
+        """``start(code, pass_fds)`` launches ``python -c code`` (see :mod:`launch`);
+        ``timeout``: seconds a fork may take (the first one includes the server's imports)
+        before ``TimeoutError``; None waits."""
+        self.timeout = timeout
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             code = f"from rlstash.envs.forkserver import main; main({theirs.fileno()})"
@@ -141,9 +146,14 @@ class ForkServerClient:
         return self.proc.pid
 
     def fork(self, fds: list[int]) -> int:
-        """Fork a worker that serves on ``fds = [cmd_r, reply_w, mem_fd]``; returns its pid."""
-        socket.send_fds(self._sock, [b"F"], fds)
-        return _PID.unpack(_recv_exact(self._sock, _PID.size))[0]
+        """Fork a worker that serves on ``fds = [cmd_r, reply_w, mem_fd]``; returns its pid.
+        ``TimeoutError`` (an OSError) when the server does not answer within ``timeout``."""
+        self._sock.settimeout(self.timeout)
+        try:
+            socket.send_fds(self._sock, [b"F"], fds)
+            return _PID.unpack(_recv_exact(self._sock, _PID.size))[0]
+        finally:
+            self._sock.settimeout(None)  # reap: the server answers within its own 5 s
 
     def reap(self, pid: int) -> int | None:
         """Exit code of a child that ended (negative: signal), None if it did not end."""

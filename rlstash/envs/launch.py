@@ -148,11 +148,13 @@ class Launcher:
         env: Mapping[str, str],
         spawn_code: Callable[[int, int, int], str] | None = None,
         server_code: Callable[[list[int]], str] | None = None,
+        start_timeout: float | None = None,
     ) -> None:
         """``spawn_code(cmd_fd, reply_fd, mem_fd)``: the ``python -c`` program of a spawned
         worker; ``server_code(fds)``: that of the fork server. Defaults: the env pool's worker
         (:mod:`rlstash.envs.worker`) and fork server. The AsyncCollector passes its own, which
-        import torch (CUDA hidden) first."""
+        import torch (CUDA hidden) first. ``start_timeout``: seconds the fork server may take
+        to fork a worker (None: wait)."""
         if method not in START_METHODS:
             raise ValueError(f"start_method: expected one of {START_METHODS}, got {method!r}")
         if os.name != "posix":  # pragma: no cover - pipes and descriptor passing need POSIX
@@ -167,6 +169,7 @@ class Launcher:
             lambda c, r, m: f"from rlstash.envs.worker import main; main({c}, {r}, {m})"
         )
         self.server_code = server_code
+        self.start_timeout = start_timeout
 
     def start(self, mem_fd: int, siblings: Sequence[WorkerProcess] = ()) -> WorkerProcess:
         """Start one worker serving on new pipes and the shared segment ``mem_fd``."""
@@ -195,7 +198,7 @@ class Launcher:
             if self.server is None or not self.server.alive():
                 if self.server is not None:
                     self.server.close()
-                self.server = ForkServerClient(self._start_server)
+                self.server = ForkServerClient(self._start_server, self.start_timeout)
             try:
                 return self.server.fork(fds), self.server
             except (OSError, EOFError):
@@ -230,8 +233,9 @@ class Launcher:
         finally:
             os._exit(code)
 
-    def close(self) -> None:
-        """Stop the fork server (if any); workers should have been stopped first."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the fork server (if any; waits up to ``timeout`` s before killing it);
+        workers should have been stopped first."""
         server, self.server = self.server, None
         if server is not None:
-            server.close()
+            server.close(timeout)

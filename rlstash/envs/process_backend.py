@@ -6,6 +6,11 @@ shared memory, writes one 5-byte STEP message per worker, then reads one reply p
 hits end of file died; one that does not answer before the deadline is killed; one that
 answers ERROR raised in an env. Each of them is restarted from its factories with fresh
 seeds (see :mod:`rlstash.envs.backend` for how the restart is reported).
+
+Every wait takes its bound from the pool's :class:`~rlstash.envs.config.Timeouts`: a
+worker's start (and a restarted worker's) from ``start_timeout``, every step, reset and call
+(a restarted worker's reset too) from ``step_timeout``, stopping from the close bound. A
+restarted worker that misses its bound is one more failure against ``max_restarts``.
 """
 
 from __future__ import annotations
@@ -23,15 +28,15 @@ import numpy as np
 from rlstash.envs import protocol as P
 from rlstash.envs.backend import NO_REPORT, REPORT_NEXT, REPORT_NOW, Backend
 from rlstash.envs.caller_share import CallerShare
+from rlstash.envs.config import Timeouts
 from rlstash.envs.cpus import usable_cpus
 from rlstash.envs.errors import WaitTimeoutError, WorkerFailedError
 from rlstash.envs.info_columns import NEW, Schema, block_infos, read_schema
 from rlstash.envs.launch import Launcher, WorkerProcess
 from rlstash.envs.shm import Layout, SharedArrays, create_segment, resize_segment
-from rlstash.envs.shutdown import CLOSE_TIMEOUT, death_text, release_workers
+from rlstash.envs.shutdown import death_text, release_workers
 from rlstash.envs.worker import dumps
 
-START_TIMEOUT = 120.0  # seconds for a worker to build its envs
 WORKER_SPIN = 200e-6  # seconds a worker polls for the next STEP before sleeping (see spin)
 CALLER_SPIN = 100e-6  # seconds the caller polls for a worker's reply before sleeping
 
@@ -88,7 +93,7 @@ class ProcessBackend(Backend):
         mode: str,
         start_method: str,
         environ: Mapping[str, str],
-        step_timeout: float | None,
+        timeouts: Timeouts,
         max_restarts: int,
         seed_rng: np.random.Generator,
         caller_envs: int = 0,
@@ -115,8 +120,8 @@ class ProcessBackend(Backend):
         self.spin = bool(caller_envs) and num_workers + 1 <= usable_cpus()
         self.num_envs = n
         self.mode = mode
-        self.step_timeout = step_timeout
-        self.launcher = Launcher(start_method, environ)
+        self.timeouts = timeouts
+        self.launcher = Launcher(start_method, environ, start_timeout=timeouts.start)
         self.mem_fd = -1
         self.layout: Layout | None = None
         self.spaces: dict[str, Any] = {}
@@ -135,19 +140,14 @@ class ProcessBackend(Backend):
         """
         self.mem_fd = create_segment(0, "pool")
         for slot in self.slots:
-            self._new_process(slot)
+            self._starting(slot, lambda slot=slot: self._new_process(slot))
         for slot in self.slots:
             self._send(slot, P.INIT, self._init_payload(slot))
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = self.timeouts.deadline("start")
         by_slot = {}
         for slot in self._wait_order:
-            try:
-                by_slot[slot.index] = pickle.loads(self._recv(slot, deadline, starting=True))
-            except _Failure as f:
-                self.close()
-                raise WorkerFailedError(
-                    slot.index, slot.envs, 1, 0, f.error, [], starting=True
-                ) from None
+            reply = self._starting(slot, lambda slot=slot: self._recv(slot, deadline, "start"))
+            by_slot[slot.index] = pickle.loads(reply)
         described = [by_slot[slot.index] for slot in self.slots]
         first = dict(described[0])
         for key in ("observation_spaces", "action_spaces"):
@@ -169,14 +169,19 @@ class ProcessBackend(Backend):
         for slot in self.slots:
             self._send(slot, P.ATTACH, pickle.dumps((self.layout, *self.single)))
         for slot in self._wait_order:
-            try:
-                self._recv(slot, deadline, starting=True)
-            except _Failure as f:
-                self.close()
-                raise WorkerFailedError(
-                    slot.index, slot.envs, 1, 0, f.error, [], starting=True
-                ) from None
+            self._starting(slot, lambda slot=slot: self._recv(slot, deadline, "start"))
         return first
+
+    def _starting(self, slot: _Slot, action: Callable[[], Any]) -> Any:
+        """``action()``; a failure while the pool starts closes it and raises
+        :class:`WorkerFailedError` (nothing is restarted before the pool ever ran)."""
+        try:
+            return action()
+        except _Failure as f:
+            self.close()
+            raise WorkerFailedError(
+                slot.index, slot.envs, 1, 0, f.error, [], starting=True
+            ) from None
 
     def _init_payload(self, slot: _Slot) -> bytes:
         import multiprocessing
@@ -193,7 +198,12 @@ class ProcessBackend(Backend):
         if slot.local:
             slot.proc = CallerShare(self.mem_fd)
             return
-        slot.proc = self.launcher.start(self.mem_fd, self._procs())
+        try:
+            slot.proc = self.launcher.start(self.mem_fd, self._procs())
+        except TimeoutError:
+            raise _Failure(
+                "timeout", f"the fork server did not fork within {self.timeouts.describe('start')}"
+            ) from None
         slot.spinner = P.Spinner(slot.proc.reply_fd, CALLER_SPIN if self.spin else 0.0)
 
     # --- messaging --------------------------------------------------------------------
@@ -209,8 +219,9 @@ class ProcessBackend(Backend):
         except P.PeerGone:
             slot.send_failed = True
 
-    def _recv(self, slot: _Slot, deadline: float | None, starting: bool = False) -> bytes:
-        """The payload of the next OK reply; raises _Failure otherwise."""
+    def _recv(self, slot: _Slot, deadline: float | None, bound: str = "step") -> bytes:
+        """The payload of the next OK reply; raises _Failure otherwise (``bound``: the
+        timeout behind ``deadline``, ``"start"`` or ``"step"``, named when it passes)."""
         assert slot.proc is not None
         if slot.local:
             return self._run_local(slot.proc)  # type: ignore[arg-type]
@@ -225,7 +236,7 @@ class ProcessBackend(Backend):
             slot.pending = 0
             raise _Failure("died", self._death_text(slot)) from None
         except P.ReplyTimeout:
-            limit = f"{START_TIMEOUT} s (start)" if starting else f"{self.step_timeout} s"
+            limit = self.timeouts.describe(bound)
             raise _Failure("timeout", f"no answer within {limit}") from None
         slot.pending -= 1
         if tag == P.ERROR:
@@ -242,10 +253,13 @@ class ProcessBackend(Backend):
             raise _Failure("exception", text, exc) from None
 
     def _drain(self, slot: _Slot) -> None:
-        """Read replies left over from an interrupted wait so the next reply is ours."""
+        """Read replies left over from an interrupted wait so the next reply is ours (each
+        within ``step_timeout``, or the close bound without one)."""
+        t = self.timeouts
         while slot.pending > 0 and not slot.send_failed:
             try:
-                tag, payload = P.recv(slot.proc.reply_fd, time.monotonic() + CLOSE_TIMEOUT)  # type: ignore[union-attr]
+                deadline = time.monotonic() + (t.close if t.step is None else t.step)
+                tag, payload = P.recv(slot.proc.reply_fd, deadline)  # type: ignore[union-attr]
                 slot.pending -= 1
                 if tag == P.OK and payload[:1] == NEW:  # the next SAME reply refers to it
                     slot.info_schema = read_schema(payload, None)
@@ -254,7 +268,7 @@ class ProcessBackend(Backend):
 
     def _death_text(self, slot: _Slot) -> str:
         assert slot.proc is not None
-        return death_text(slot.proc)
+        return death_text(slot.proc, self.timeouts.close)
 
     # --- reset / step -----------------------------------------------------------------
     def reset_async(
@@ -308,19 +322,14 @@ class ProcessBackend(Backend):
         parts, restarted = self._gather(self.slots, timeout, "step", codes)
         return parts, deferred + restarted
 
-    def _deadline(self, timeout: float | None) -> float | None:
-        t = self.step_timeout if timeout is None else timeout
-        return None if t is None else time.monotonic() + t
-
     def _gather(
         self, slots: list[_Slot], timeout: float | None, command: str, codes: dict
     ) -> tuple[list[tuple[int, dict]], list[int]]:
         """One reply per slot. A worker silent past ``step_timeout`` is restarted; one
         silent past the caller's ``timeout`` (sooner) is left running and, after the other
         replies were read, :class:`WaitTimeoutError` is raised."""
-        now = time.monotonic()
-        pool_deadline = None if self.step_timeout is None else now + self.step_timeout
-        caller_deadline = None if timeout is None else now + timeout
+        pool_deadline = self.timeouts.deadline("step")
+        caller_deadline = None if timeout is None else time.monotonic() + timeout
         deadline = _earliest(pool_deadline, caller_deadline)
         parts: list[tuple[int, Any]] = []  # (first env, batched infos or a column Schema)
         failed: list[tuple[_Slot, _Failure]] = []
@@ -385,7 +394,9 @@ class ProcessBackend(Backend):
 
     # --- restart ----------------------------------------------------------------------
     def _restart(self, slot: _Slot, failure: _Failure, command: str, codes: list[int]) -> list[int]:
-        """Replace the worker until it starts and resets, or the budget is spent.
+        """Replace the worker until it starts and resets, or the budget is spent: a fresh
+        worker that fails, or misses ``start_timeout`` (start) or ``step_timeout`` (its
+        envs' reset), is one more failure (command ``"restart"``).
 
         Returns the envs to report as restarted now; envs with code ``REPORT_NEXT`` are
         queued in ``self.deferred`` for the next step.
@@ -394,7 +405,7 @@ class ProcessBackend(Backend):
             old = slot.proc
             assert old is not None
             old.kill()
-            code = old.reap(CLOSE_TIMEOUT)
+            code = old.reap(self.timeouts.close)
             old.close_pipes()
             slot.pending, slot.send_failed = 0, False
             self.record_failure(
@@ -410,19 +421,21 @@ class ProcessBackend(Backend):
         return [e for e, c in zip(slot.envs, codes) if c != REPORT_NEXT]
 
     def _fresh_worker(self, slot: _Slot, codes: list[int]) -> None:
+        """Start a worker in ``slot``: build and attach within ``start_timeout``, reset its
+        envs within ``step_timeout`` (``start_timeout`` when none is set); a :class:`_Failure` otherwise."""
         self._new_process(slot)
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = self.timeouts.deadline("start")
         self._send(slot, P.INIT, self._init_payload(slot))
-        got = pickle.loads(self._recv(slot, deadline, starting=True))
+        got = pickle.loads(self._recv(slot, deadline, "start"))
         rows = slice(slot.envs[0], slot.envs[-1] + 1)
         for key in ("observation_spaces", "action_spaces"):
             if got[key] != self.spaces[key][rows]:
                 raise _Failure("exception", f"restarted envs {slot.envs} have {key} {got[key]}")
         self._send(slot, P.ATTACH, pickle.dumps((self.layout, *self.single)))
-        self._recv(slot, deadline, starting=True)
+        self._recv(slot, deadline, "start")
         seeds = self.fresh_seeds(len(slot.envs))
         self._send(slot, P.RESET, pickle.dumps((seeds, None, None, codes)))
-        self._absorb(slot, self._recv(slot, deadline, starting=True))
+        self._absorb(slot, self._recv(slot, self.timeouts.deadline("restart"), "restart"))
 
     # --- calls ------------------------------------------------------------------------
     def _command_all(self, tag: bytes, payloads: list[bytes], what: str) -> list[Any]:
@@ -437,7 +450,7 @@ class ProcessBackend(Backend):
         the others were read (they keep running; their late replies are discarded)."""
         results: dict[int, Any] = {}
         errors, raised, late = [], [], []
-        pool_deadline = self._deadline(None)
+        pool_deadline = self.timeouts.deadline("step")
         caller_deadline = None if timeout is None else time.monotonic() + timeout
         deadline = _earliest(pool_deadline, caller_deadline)
         for slot in self._wait_order:
@@ -507,5 +520,6 @@ class ProcessBackend(Backend):
         self.closed = True
         mem_fd, self.mem_fd = self.mem_fd, -1
         release_workers(
-            self.owner, self._procs(), self.launcher, getattr(self, "shared", None), mem_fd
-        )
+            self.owner, self._procs(), self.launcher, getattr(self, "shared", None), mem_fd,
+            self.timeouts.close,
+        )  # fmt: skip

@@ -36,7 +36,8 @@ How it works and what else it does:
 * Workers never import torch, run with ``CUDA_VISIBLE_DEVICES=""`` and one math-library
   thread (``worker_env`` overrides), ignore Ctrl-C and exit when the pool's process is gone.
 * A worker that dies, raises in an env, or does not answer within ``step_timeout`` is
-  restarted from its factories with fresh seeds. Its envs' episodes end as truncated with
+  restarted from its factories with fresh seeds; the new worker must start within
+  ``start_timeout`` and reset its envs within ``step_timeout``, else that is one more failure. Its envs' episodes end as truncated with
   ``infos["worker_restarted"]`` (bool [N], mask ``infos["_worker_restarted"]``); the
   observation returned for them is the fresh reset observation, *not* a final observation.
   ``next_step``: that step says truncated, the following step is a reset step (reward 0).
@@ -97,8 +98,9 @@ class ProcessPoolVectorEnv(VectorEnv):
         seed: int | None = None,
         *,
         step_timeout: float | None = None,
+        start_timeout: float | None = config.START_TIMEOUT,
         max_restarts: int = 3,
-        autoreset_mode: str | Any = "next_step",
+        autoreset_mode: str | Any = "NextStep",
         env_kwargs: Mapping[str, Any] | None = None,
         worker_env: Mapping[str, str] | None = None,
         context: str | None = None,
@@ -122,11 +124,16 @@ class ProcessPoolVectorEnv(VectorEnv):
             seed: env i's first reset uses ``seed + i`` (unless reset gets a seed); restart
                 seeds come from ``numpy.random.default_rng(seed)``.
             step_timeout: seconds a worker may take per step/reset/call before it is killed
-                and restarted; None waits (a dead worker is still detected at once).
+                and restarted; None waits (a dead worker is still detected at once). A
+                restarted worker's reset has the same bound (missing it is one more failure).
+            start_timeout: seconds a worker may take to start and build its envs, at the
+                start (then :class:`WorkerFailedError`) and at each restart (one more
+                failure); None waits.
             max_restarts: failures tolerated per worker before :class:`WorkerFailedError`;
                 with 0, an exception raised in an env is re-raised here as it is.
-            autoreset_mode: ``"next_step"`` (default), ``"same_step"``, ``"disabled"`` or a
-                ``gymnasium.vector.AutoresetMode`` (or its value).
+            autoreset_mode: a ``gymnasium.vector.AutoresetMode`` or its value:
+                ``"NextStep"`` (default), ``"SameStep"``, ``"Disabled"`` (the old
+                ``"next_step"`` spelling warns: :mod:`rlstash.autoreset`).
             env_kwargs: keyword arguments for every factory / ``gymnasium.make``.
             worker_env: extra environment variables for workers, e.g.
                 ``{"OMP_NUM_THREADS": "4"}`` (defaults: CUDA hidden, one thread per library).
@@ -159,7 +166,10 @@ class ProcessPoolVectorEnv(VectorEnv):
         workers = config.cap_workers(config.num_workers(num_workers, n), max_concurrency)
         workers, caller = config.caller_envs(caller_envs, workers, num_workers, n)
         method = config.start_method(context)
-        timeout = config.step_timeout(step_timeout)
+        timeouts = config.Timeouts(
+            start=config.step_timeout(start_timeout, "start_timeout"),
+            step=config.step_timeout(step_timeout),
+        )
         restarts = config.check_positive_int("max_restarts", max_restarts, minimum=0)
         obs_mode = config.observation_mode(observation_mode)
         self.copy = config.flag("copy", copy)
@@ -171,7 +181,7 @@ class ProcessPoolVectorEnv(VectorEnv):
         resolve = config.space_resolver(obs_mode, self.shared_memory)
 
         def processes(w: int, k: int = 0) -> ProcessBackend:
-            return ProcessBackend(fns, w, mode, method, environ, timeout, restarts, rng, k)
+            return ProcessBackend(fns, w, mode, method, environ, timeouts, restarts, rng, k)
 
         self.auto_timing: dict[str, float] = {}
         if worker is not None:
@@ -203,7 +213,8 @@ class ProcessPoolVectorEnv(VectorEnv):
         self.context: str | None = (
             context if worker is not None else method if backend.num_workers else None
         )
-        self.step_timeout = timeout
+        self.step_timeout = timeouts.step
+        self.start_timeout = timeouts.start
         self.max_restarts = restarts
         self.observation_mode = obs_mode
         self._mode = mode

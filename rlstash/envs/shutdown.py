@@ -31,41 +31,48 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def stop_workers(procs: list[WorkerProcess]) -> None:
-    """CLOSE to all, wait for each to end (EOF), SIGKILL what is left, reap all."""
+def stop_workers(procs: list[WorkerProcess], timeout: float = CLOSE_TIMEOUT) -> None:
+    """CLOSE to all, wait up to ``timeout`` s for them to end (EOF), SIGKILL what is left,
+    reap all."""
     for p in procs:
         if p.cmd_fd >= 0:
             try:
                 P.send(p.cmd_fd, P.CLOSE)
             except (P.PeerGone, OSError):
                 pass
-    deadline = time.monotonic() + CLOSE_TIMEOUT
+    deadline = time.monotonic() + timeout
     for p in procs:
         if p.reply_fd >= 0:
             _wait_eof(p.reply_fd, deadline)
         p.kill()  # ended already in the normal case; the kill is then a no-op
-        p.reap(CLOSE_TIMEOUT)
+        p.reap(timeout)
 
 
-def death_text(proc: WorkerProcess) -> str:
-    """Make sure ``proc`` is gone (SIGKILL, reap) and say how it ended."""
+def death_text(proc: WorkerProcess, timeout: float = CLOSE_TIMEOUT) -> str:
+    """Make sure ``proc`` is gone (SIGKILL, reap within ``timeout`` s) and say how it ended."""
     proc.kill()
-    code = proc.reap(CLOSE_TIMEOUT)
+    code = proc.reap(timeout)
     return f"worker process {proc.pid} ended with {describe_exit(code)}"
 
 
 def release_workers(
-    owner: int, procs: list[WorkerProcess], launcher: Launcher, shared: Any, mem_fd: int
+    owner: int,
+    procs: list[WorkerProcess],
+    launcher: Launcher,
+    shared: Any,
+    mem_fd: int,
+    timeout: float = CLOSE_TIMEOUT,
 ) -> None:
-    """Stop ``procs`` (CLOSE, wait, SIGKILL, reap) and the launcher's fork server, unless this
-    process is a forked copy of their ``owner`` (it must not stop them); then, always, close
-    their pipes, the ``shared`` arrays (if any) and the segment's ``mem_fd`` (if >= 0)."""
+    """Stop ``procs`` (CLOSE, wait up to ``timeout`` s, SIGKILL, reap) and the launcher's fork
+    server, unless this process is a forked copy of their ``owner`` (it must not stop them);
+    then, always, close their pipes, the ``shared`` arrays (if any) and the segment's
+    ``mem_fd`` (if >= 0)."""
     try:
         if os.getpid() == owner:
             try:
-                stop_workers(procs)
+                stop_workers(procs, timeout)
             finally:
-                launcher.close()
+                launcher.close(timeout)
     finally:
         for p in procs:
             p.close_pipes()

@@ -2,7 +2,8 @@
 
 * :class:`BurnEnv` burns a fixed CPU time per step (shows parallel scaling).
 * :class:`CrashEnv` raises, segfaults or exits at a chosen step.
-* :class:`HangEnv` stops answering at a chosen step.
+* :class:`HangEnv` stops answering at a chosen step or reset (optionally only once a flag
+  file exists: e.g. only in the envs of a restarted worker).
 * :class:`SpacesEnv` has Dict/Tuple observation and action spaces of every supported kind.
 * :class:`InfoEnv` returns infos of every kind in turn (how infos travel).
 * :class:`CountEnv` is deterministic: the observation is (seed, step) and episodes have a
@@ -123,18 +124,41 @@ class CrashEnv(CountEnv):
 
 
 class HangEnv(CountEnv):
-    """Sleeps ``hang_s`` seconds at its ``hang_at``-th step since construction (once per
-    ``once_file`` if given, like :class:`CrashEnv`)."""
+    """Sleeps ``hang_s`` seconds at its ``hang_at``-th step since construction
+    (``during="reset"``: its ``hang_at``-th reset), once per ``once_file`` if given (like
+    :class:`CrashEnv`). ``armed_file``: hang only if that file exists when the moment comes
+    (a test creates it to make only the envs of a restarted worker hang)."""
 
-    def __init__(self, hang_at: int = 3, hang_s: float = 3600.0, once_file: str | None = None):
+    def __init__(
+        self,
+        hang_at: int = 3,
+        hang_s: float = 3600.0,
+        once_file: str | None = None,
+        during: str = "step",
+        armed_file: str | None = None,
+    ):
         super().__init__(episode_len=1000)
+        if during not in ("step", "reset"):
+            raise ValueError(f"during: expected 'step' or 'reset', got {during!r}")
         self.hang_at, self.hang_s, self.once_file = hang_at, hang_s, once_file
-        self._steps = 0
+        self.during, self.armed_file = during, armed_file
+        self._counts = {"step": 0, "reset": 0}
+
+    def _maybe_hang(self, what: str) -> None:
+        self._counts[what] += 1
+        if what != self.during or self._counts[what] != self.hang_at:
+            return
+        if self.armed_file is not None and not os.path.exists(self.armed_file):
+            return
+        if CrashEnv._should_crash(self):  # type: ignore[arg-type]
+            time.sleep(self.hang_s)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        self._maybe_hang("reset")
+        return super().reset(seed=seed, options=options)
 
     def step(self, action: Any):
-        self._steps += 1
-        if self._steps == self.hang_at and CrashEnv._should_crash(self):  # type: ignore[arg-type]
-            time.sleep(self.hang_s)
+        self._maybe_hang("step")
         return super().step(action)
 
 

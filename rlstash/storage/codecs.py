@@ -73,6 +73,24 @@ def check_codec(name: Any, option: str = "codec") -> str:
     return name
 
 
+PACKAGES = {"lz4": "lz4", "zstd": "zstandard"}  # codec -> the package it imports
+
+
+def missing_package(name: str) -> str | None:
+    """None when codec ``name``'s package imports, else what to say: the package missing and
+    the install command (checked before a run starts; nothing is imported here)."""
+    import importlib.util
+
+    package = PACKAGES[check_codec(name)]
+    try:
+        found = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a package set to None in sys.modules, a broken one
+        found = False
+    if found:
+        return None
+    return f"codec {name!r} needs the {package} package, not installed: {INSTALL_HINT}"
+
+
 def default_level(name: str) -> int:
     """lz4: 0 (its fast default mode); zstd: 1 (fast, already ~2x smaller than lz4 on frames)."""
     return 0 if name == "lz4" else 1

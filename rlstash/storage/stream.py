@@ -14,12 +14,12 @@ n-step returns are rebuilt on read, so nothing is stored twice::
 
 Autoreset conventions of ``extend`` (one vectorized step of N envs, or a ``[T, N]`` chunk):
 
-* ``"next_step"`` (gymnasium >= 1.0 default): pass ``obs`` (the observation the action was
+* ``"NextStep"`` (gymnasium >= 1.0 default): pass ``obs`` (the observation the action was
   taken from), ``action``, ``reward``, ``terminated``, ``truncated`` as returned. After a
   step that ended an episode, the next step's ``obs`` is the final observation and the env
   resets, ignoring the action; the storage recognizes that step per lane and stores its obs as
   the final-obs slot (its action, reward and flags are dropped).
-* ``"same_step"``: the env resets within the step that ended the episode; pass its final
+* ``"SameStep"``: the env resets within the step that ended the episode; pass its final
   observation as ``final_obs`` (rows read only where ``terminated | truncated``) and the
   storage writes it into a slot of its own.
 
@@ -76,6 +76,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlstash import autoreset as modes
 from rlstash.core import Index, Storage
 from rlstash.device import resolve_device
 from rlstash.indices import as_rows
@@ -121,7 +122,8 @@ class StreamStorage:
             frames compressed with lz4 or zstd, decoded on read) or a factory ``(spec, capacity) -> storage``. A factory with a ``path``
             must return a storage whose data persist there (a TieredStorage over a disk cold
             tier at ``path``): the stream keeps its bookkeeping beside it and resumes.
-        autoreset: ``"next_step"`` or ``"same_step"`` (see the module docstring).
+        autoreset: gymnasium's ``AutoresetMode.NEXT_STEP``/``SAME_STEP`` or ``"NextStep"``/
+            ``"SameStep"`` (module docstring; the old ``"next_step"`` warns: rlstash.autoreset).
         reads: n-step, gamma and frame stacking of reads (:class:`ReadSpec`).
         stacked_input: observations arrive stacked ``[k, ...]``; only the newest frame is stored.
     """
@@ -134,7 +136,7 @@ class StreamStorage:
         backing: str | FrameCompression | Callable[[Spec, int], Storage] = "ram",
         device: str | torch.device = "cpu",
         path: str | os.PathLike | None = None,
-        autoreset: str = "next_step",
+        autoreset: modes.AutoresetMode | str = modes.DEFAULT,
         reads: ReadSpec | None = None,
         stacked_input: bool = False,
         allow_overcommit: bool = False,
@@ -143,8 +145,7 @@ class StreamStorage:
         for name, v in (("num_envs", num_envs), ("capacity", capacity)):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
-        if autoreset not in ("next_step", "same_step"):
-            raise ValueError(f"autoreset: expected 'next_step' or 'same_step', got {autoreset!r}")
+        autoreset = modes.resolve(autoreset, "autoreset", modes.STEP_MODES)
         reads = ReadSpec() if reads is None else reads
         if not isinstance(reads, ReadSpec):
             raise TypeError(f"reads: expected a ReadSpec, got {type(reads).__name__}")
@@ -283,7 +284,7 @@ class StreamStorage:
             "spec": self.spec.to_dict(),
             "num_envs": self.num_envs,
             "capacity": self.capacity,
-            "autoreset": self.autoreset,
+            "autoreset": modes.TOKEN[self.autoreset],  # saved files keep the short name
             "reads": asdict(self.reads),
             "stacked_input": self.stacked_input,
             "layout": LAYOUT,
@@ -501,7 +502,7 @@ class StreamStorage:
         cfg = state["config"]
         args = (Spec.from_dict(cfg["spec"]), cfg["num_envs"], cfg["capacity"])
         kw = dict(
-            autoreset=cfg["autoreset"],
+            autoreset=modes.BY_TOKEN[cfg["autoreset"]],
             reads=ReadSpec(**cfg["reads"]),
             stacked_input=cfg["stacked_input"],
         )
@@ -552,7 +553,7 @@ class StreamStorage:
     def __repr__(self) -> str:
         return (
             f"StreamStorage({self.spec!r}, num_envs={self.num_envs}, capacity={self.capacity}, "
-            f"{self.reads}, autoreset={self.autoreset!r}, backing={type(self.backing).__name__})"
+            f"{self.reads}, autoreset={self.autoreset.value!r}, backing={type(self.backing).__name__})"
         )
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from gymnasium.vector import AutoresetMode
 
 from rlstash.storage.ram import numpy_view
 from rlstash.storage.stream_write import host_flags, reserve
@@ -115,7 +116,7 @@ def open_steps(store: StreamStorage, T: int) -> StepSlots | None:
     lanes, L = store.lanes, store.lane_capacity
     tensors = getattr(store.backing, "tensors", None)
     if (
-        store.autoreset != "next_step"
+        store.autoreset != AutoresetMode.NEXT_STEP
         or store.stacked_input
         or store.compression is not None
         or not tensors

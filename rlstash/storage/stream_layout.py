@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlstash import autoreset as modes
+
 LAYOUT = "slot_major"  # rows (s % L) * N + e
 LANE_MAJOR = "lane_major"  # rows e * L + s % L: saves without a "layout" key
 PER_SLOT = ("flags", "ep")  # lane arrays with one entry per row
@@ -121,7 +123,7 @@ def convert_lane_major(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
         raise ValueError(f"src: the stream at {src} is already {saved_layout(cfg)!r}")
     N, cap = int(cfg["num_envs"]), int(cfg["capacity"])
     L = cap // N
-    kw = dict(autoreset=cfg["autoreset"], reads=ReadSpec(**cfg["reads"]))
+    kw = dict(autoreset=modes.BY_TOKEN[cfg["autoreset"]], reads=ReadSpec(**cfg["reads"]))
     store = StreamStorage(
         Spec.from_dict(cfg["spec"]), N, cap, "disk", path=dst,
         stacked_input=cfg["stacked_input"], **kw,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from gymnasium.vector import AutoresetMode
 
 from rlstash.atomic import write_atomic
 from rlstash.spec import Batch, Spec
@@ -70,13 +71,13 @@ def validate(store: StreamStorage, batch: Mapping[str, Any]) -> tuple[Batch, Bat
     finals = {"final_" + k: k for k in store.obs_keys}
     finals_and_restarts = {**finals, RESTARTED: RESTARTED}
     given = [k for k in batch if k in finals]
-    if store.autoreset == "next_step" and given:
+    if store.autoreset == AutoresetMode.NEXT_STEP and given:
         raise ValueError(
-            f"batch: {given} given with autoreset='next_step', where the final obs arrives as "
-            "the next step's obs; drop it or use autoreset='same_step'"
+            f"batch: {given} given with autoreset='NextStep', where the final obs arrives as "
+            "the next step's obs; drop it or use autoreset='SameStep'"
         )
-    if store.autoreset == "same_step" and len(given) != len(finals):
-        raise ValueError(f"batch: autoreset='same_step' needs {sorted(finals)}, got {list(batch)}")
+    if store.autoreset == AutoresetMode.SAME_STEP and len(given) != len(finals):
+        raise ValueError(f"batch: autoreset='SameStep' needs {sorted(finals)}, got {list(batch)}")
     key = store.obs_keys[0]
     head = leading(batch.get(key), len(store.spec[key].shape), key)
     if head[-1] != store.num_envs:

@@ -33,6 +33,9 @@ from rlstash.settings import SettingError
 from rlstash.train.config import LOOP_SETTINGS, RUN_DEFAULTS, TrainConfig
 
 ACTION_KINDS = ("discrete", "continuous")
+DEFAULT_STEPS = 100_000
+"""A run's env steps when ``steps`` is not given (an on-policy algorithm counts them in
+rollouts of its preset: :func:`rollout_budget`); the run stops earlier at the threshold."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,10 @@ class Algo:
     loop: dict[str, Any]
     presets: dict[str, dict[str, Any]] = field(default_factory=dict)
     help: str = ""
+    budget: Callable[[TrainConfig, Any, Any], int] | None = None
+    """``budget(cfg, agent_cfg, preset_agent_cfg) -> steps``: the run's default ``steps``
+    (None: :data:`DEFAULT_STEPS`); ``preset_agent_cfg`` is the agent config of the defaults and
+    the env's preset alone, ``agent_cfg`` the run's (what the user gave on top)."""
 
     def __post_init__(self) -> None:
         missing = set(LOOP_SETTINGS) - set(self.loop)
@@ -143,10 +150,17 @@ def resolve(cfg: TrainConfig, act_space: Any) -> tuple[TrainConfig, Any]:
     agent_values = {k: v for k, v in preset.items() if k in known}
     if cfg.history:
         agent_values["history_hidden"] = 64
+    planned = dict(agent_values)
     agent_values.update(given)
     agent_cfg = learner.config(**agent_values, seed=cfg.seed)
+    if cfg.steps is None:
+        loop["steps"] = DEFAULT_STEPS
+        if algo.budget is not None:
+            loop["steps"] = algo.budget(cfg, agent_cfg, learner.config(**planned, seed=cfg.seed))
     full = {k: v for k, v in dataclasses.asdict(agent_cfg).items() if k in known}
-    return dataclasses.replace(cfg, agent=full, **loop), agent_cfg
+    resolved = dataclasses.replace(cfg, agent=full, **loop)
+    resolved.check_replay()  # the replay's lanes and compression budget, before anything is built
+    return resolved, agent_cfg
 
 
 def preset_key(algo: Algo, env_id: str) -> str:
@@ -272,6 +286,22 @@ register(
 )
 
 
+def rollout_envs(cfg: TrainConfig, agent_cfg: Any) -> int:
+    """Envs an on-policy run collects from: ``envs`` when given (> 1), else the agent's
+    ``num_envs`` (the env's preset: 8 for PPO CartPole-v1)."""
+    return cfg.envs if cfg.envs > 1 else agent_cfg.num_envs
+
+
+def rollout_budget(cfg: TrainConfig, agent_cfg: Any, preset_cfg: Any) -> int:
+    """The default ``steps`` of an on-policy run: :data:`DEFAULT_STEPS` counted in rollouts of
+    the preset (``num_envs x rollout_steps`` env steps each), so a run of more envs or longer
+    rollouts makes as many rollouts (updates, learning-rate annealing) as the preset planned:
+    PPO CartPole-v1 plans 100,000 steps in rollouts of 8 x 32; at 1024 envs that is 12.8M."""
+    run = rollout_envs(cfg, agent_cfg) * agent_cfg.rollout_steps
+    planned = preset_cfg.num_envs * preset_cfg.rollout_steps
+    return -(-DEFAULT_STEPS * run // planned)
+
+
 def _build_ppo(obs_shape: tuple[int, ...], act_space: Any, config: Any, device: torch.device):
     from gymnasium import spaces
 
@@ -305,6 +335,7 @@ register(
         loop=dict.fromkeys(LOOP_SETTINGS),
         presets={**{env: dict(p) for env, p in PPOConfig.PRESETS.items()}, "atari": PPO_ATARI},
         help="PPO (Discrete or 1-D Box actions; on-policy: rollouts, no replay)",
+        budget=rollout_budget,
     )
 )
 

@@ -1,6 +1,11 @@
 """The ``rlstash`` command: train | eval | verify | plan | doctor | bench.
 
-Each subcommand is a thin function over the library; parsing stays here.
+Each subcommand is a thin function over the library; parsing stays here. Every error is one
+line on stderr, ``rlstash <command>: error: <what>; <fix>``, exit 2, nothing written: parser
+errors of every subcommand (:class:`Parser`, the class of every subparser too) and the
+library's refusals (:func:`main`: ValueError, TypeError, MemoryError, ImportError and the
+OSErrors of a bad path); a fault while running (a full disk: another OSError) is one line,
+exit 1.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from rlstash.spec import Field, Spec, parse_dtype
+from rlstash.train.flags import int_at_least
 
 if TYPE_CHECKING:
     from rlstash.diag.memory import MemoryPlan
@@ -110,8 +116,9 @@ def build_plan(args: argparse.Namespace) -> tuple[MemoryPlan, str]:
         spec = parse_fields(args.field) if args.field else Spec(_ATARI)
     sampler = _plan_sampler(args.sampler)
     common = dict(storage=args.storage, device=args.device, path=args.path, sampler=sampler)
+    comp = _plan_compression(args)  # train's rules: refused here as train would refuse it
     if args.layout == "naive":
-        if args.compress not in (None, "none"):
+        if comp is not None:
             raise ValueError("--compress: compressed frames need --layout stream")
         return plan(spec, args.capacity, **common), _stream_figures(spec, args)
     from rlstash.storage.stream import StreamStorage
@@ -124,7 +131,6 @@ def build_plan(args: argparse.Namespace) -> tuple[MemoryPlan, str]:
             "--field or use --layout naive"
         )
     slots = args.capacity // args.num_envs * args.num_envs
-    comp = _plan_compression(args)
     parts = StreamStorage.plan_bytes(step, slots, k, stacked, args.num_envs, comp)
     overhead = {"stream: lane bookkeeping": parts.pop("bookkeeping")}
     stored = slot_spec(step, k, stacked)
@@ -139,34 +145,26 @@ def build_plan(args: argparse.Namespace) -> tuple[MemoryPlan, str]:
 
 
 def _plan_compression(args: argparse.Namespace) -> Any:
-    """The FrameCompression of ``--compress`` (None without it, or 'none', as ``rlstash
-    train --compress``); errors name the flag."""
-    if args.compress in (None, "none"):
-        return None
-    from rlstash.storage.frames import FrameCompression
+    """The FrameCompression of ``--compress`` (None without it, or 'none'), checked by the
+    rules of ``rlstash train --compress`` (:func:`rlstash.train.config.check_compression`:
+    the same function), the budget against the plan's lanes; errors name the flag."""
+    from rlstash.settings import SettingError
+    from rlstash.train.config import check_compression, flag
 
-    if args.storage != "ram" or _plan_device(args.device) != "cpu":
-        raise ValueError(
-            "--compress: compressed frames live in host RAM; use --storage ram --device cpu"
-        )
+    lanes = args.capacity // args.num_envs if args.layout == "stream" else None
     try:
-        return FrameCompression(
-            args.compress, delta=args.compress_delta, budget=args.compress_budget
-        )
-    except ValueError as exc:
-        flag = "--compress-budget" if "budget" in str(exc) else "--compress"
-        raise ValueError(f"{flag}: {exc}") from None
+        return check_compression(
+            args.compress or "none", args.compress_budget, args.compress_delta, args.storage,
+            args.device, lane_slots=lanes, row_frames=args.frame_stack + 1,
+            device_setting="device",
+        )  # fmt: skip
+    except SettingError as exc:
+        raise ValueError(exc.text(flag(exc.name))) from None
 
 
 def _check_plan_args(args: argparse.Namespace) -> None:
-    """One-line errors naming the flag and the fix, before anything else happens."""
-    for flag, value, example in (
-        ("--capacity", args.capacity, "1000000"),
-        ("--num-envs", args.num_envs, "8"),
-        ("--frame-stack", args.frame_stack, "4"),
-    ):
-        if value < 1:
-            raise ValueError(f"{flag}: expected an int >= 1, got {value}; e.g. {flag} {example}")
+    """One-line errors naming the flag and the fix, before anything else happens (the counts
+    are checked by their flags' type, :func:`rlstash.train.flags.int_at_least`)."""
     device = _plan_device(args.device)
     if args.storage != "ram" and device != "cpu":
         raise ValueError(
@@ -228,7 +226,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rlstash", description=__doc__)
+    p = Parser(prog="rlstash", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     sp = sub.add_parser("plan", help="exact bytes a buffer needs per place, and whether it fits")
@@ -239,7 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="NAME=SHAPE:DTYPE, e.g. obs=4x84x84:uint8 (repeat)",
     )
     sp.add_argument("--env", help="derive fields from a gymnasium env id, e.g. CartPole-v1")
-    sp.add_argument("--capacity", type=int, default=1_000_000, help="rows (transitions) to hold")
+    sp.add_argument(
+        "--capacity", type=int_at_least(1), default=1_000_000, help="rows (transitions) to hold"
+    )
     sp.add_argument(
         "--storage", default="ram", choices=["ram", "disk", "shm"], help="where rows live"
     )
@@ -258,10 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="naive: store the fields as given; stream: StreamStorage lanes (frames once, "
         "next obs rebuilt), its lane bookkeeping counted",
     )
-    sp.add_argument("--num-envs", type=int, default=8, help="envs feeding the stream layout")
+    sp.add_argument(
+        "--num-envs", type=int_at_least(1), default=8, help="envs feeding the stream layout"
+    )
     sp.add_argument(
         "--frame-stack",
-        type=int,
+        type=int_at_least(1),
         default=4,
         help="frames per observation (stream layout stores single frames)",
     )
@@ -284,7 +286,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="code each frame against the previous frame of its env (smaller, slower reads)",
     )
     sp.set_defaults(func=cmd_plan)
-    sp.error = _one_line_error(sp, "plan")  # type: ignore[method-assign]
 
     sd = sub.add_parser("doctor", help="what matters for RL runs on this machine")
     sd.add_argument("--run-dir", default="runs", help="where runs and disk buffers go")
@@ -294,13 +295,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _one_line_error(parser: argparse.ArgumentParser, command: str) -> Any:
-    """``parser.error`` as one line naming the flag (argparse prints usage + error)."""
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, ``<prog>: error: <message>; see <prog>
+    --help``, exit 2 (argparse prints its usage and then the error). ``add_subparsers`` makes
+    the subcommands' parsers of this class too, so every subcommand registered on the
+    ``rlstash`` parser gets it; arguments no parser knew name the subcommand they came with."""
 
-    def error(message: str) -> NoReturn:
-        parser.exit(2, f"rlstash {command}: error: {message.removeprefix('argument ')}\n")
+    def error(self, message: str) -> NoReturn:
+        self.exit(
+            2, one_line(self.prog, f"{message.removeprefix('argument ')}; see {self.prog} --help")
+        )
 
-    return error
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(ns, "command", None)
+            prog = f"{self.prog} {command}" if command else self.prog
+            self.exit(
+                2, one_line(prog, f"unrecognized arguments: {' '.join(extras)}; see {prog} --help")
+            )
+        return ns
+
+
+def one_line(prog: str, message: str) -> str:
+    """``"<prog>: error: <message>"`` on one line (line breaks in ``message`` become spaces)."""
+    return f"{prog}: error: {' '.join(str(message).split())}\n"
 
 
 def _add_optional_commands(sub: argparse._SubParsersAction) -> None:
@@ -317,22 +336,33 @@ def _add_optional_commands(sub: argparse._SubParsersAction) -> None:
         mod.register(sub)
 
 
+BAD_INPUT = (
+    ValueError, TypeError, MemoryError, ImportError, FileNotFoundError, FileExistsError,
+    NotADirectoryError, IsADirectoryError, PermissionError,
+)  # fmt: skip
+"""What the library raises for bad input (settings, paths, missing packages): exit 2."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``rlstash <command> ...``; every error is one line on stderr (module docstring):
+    exit 2 for bad input (:data:`BAD_INPUT`), 1 for another OSError (a full disk), 130 on
+    Ctrl-C."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error already printed
         return exc.code if isinstance(exc.code, int) else 2
+    prog = f"rlstash {args.command}"
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, MemoryError) as exc:
-        print(f"rlstash {args.command}: error: {exc}", file=sys.stderr)
+    except BAD_INPUT as exc:
+        sys.stderr.write(one_line(prog, exc))
         return 2
-    except OSError as exc:  # a full disk during a checkpoint, a vanished directory: one line
-        print(f"rlstash {args.command}: error: {exc}", file=sys.stderr)
+    except OSError as exc:  # a full disk during a checkpoint: one line
+        sys.stderr.write(one_line(prog, exc))
         return 1
     except KeyboardInterrupt:
-        print(f"rlstash {args.command}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -12,25 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-
-def _int(flag: str, text: str, low: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < low:
-        raise ValueError(
-            f"{flag}: expected an int >= {low}, got {text!r}; e.g. {flag} {max(low, 8)}"
-        )
-    return value
-
-
-def _workers(text: str) -> tuple[int | str, ...]:
-    out: list[int | str] = []
-    for part in text.split(","):
-        part = part.strip()
-        out.append("auto" if part == "auto" else _int("--workers", part, 0))
-    return tuple(out)
+from rlstash.train.flags import compute_device, int_at_least, ints_at_least, positive_float
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -41,18 +23,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.algo not in ALGOS:
         raise ValueError(f"--algo: expected one of {', '.join(ALGOS)}, got {args.algo!r}; pick one")
-    try:
-        seconds = float(args.seconds)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(f"--seconds: expected a time > 0, got {args.seconds!r}; e.g. --seconds 1")
     spec = Spec(dict(parse_field(f) for f in args.field)) if args.field else None
     opts = BenchOptions(
-        env=args.env, envs=_int("--envs", args.envs, 1), workers=_workers(args.workers),
-        batch_size=_int("--batch-size", args.batch_size, 1), algo=args.algo,
-        capacity=_int("--capacity", args.capacity, 1), chunk=_int("--chunk", args.chunk, 1),
-        storage=args.storage, device=args.device, seconds=seconds, spec=spec,
+        env=args.env, envs=args.envs, workers=args.workers, batch_size=args.batch_size,
+        algo=args.algo, capacity=args.capacity, chunk=args.chunk, storage=args.storage,
+        device=args.device, seconds=args.seconds, spec=spec,
     )  # fmt: skip
     rows = measure(opts, progress=lambda text: print(text, file=sys.stderr, flush=True))
     print(format_table(rows))
@@ -66,17 +41,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__.split("::")[0].strip() if __doc__ else None,
     )
     b.add_argument("--env", default="CartPole-v1", help="gymnasium env id (default CartPole-v1)")
-    b.add_argument("--envs", default="8", help="envs in the pool (default 8)")
+    count = int_at_least(1)
+    b.add_argument("--envs", type=count, default=8, help="envs in the pool (default 8)")
     b.add_argument(
-        "--workers", default="0,2", help="worker counts to time, comma-separated, e.g. 0,2,auto"
+        "--workers", type=ints_at_least(0, ("auto",)), default=(0, 2),
+        help="worker counts to time, comma-separated, e.g. 0,2,auto (default 0,2)",
+    )  # fmt: skip
+    b.add_argument(
+        "--batch-size", type=count, default=256, help="rows per sample and per update (256)"
     )
-    b.add_argument("--batch-size", default="256", help="rows per sample and per update (256)")
     b.add_argument("--algo", default="dqn", help="agent whose updates are timed (dqn, sac, ...)")
-    b.add_argument("--capacity", default="100000", help="replay capacity in rows (100000)")
-    b.add_argument("--chunk", default="256", help="rows per replay extend (256)")
+    b.add_argument(
+        "--capacity", type=count, default=100_000, help="replay capacity in rows (100000)"
+    )
+    b.add_argument("--chunk", type=count, default=256, help="rows per replay extend (256)")
     b.add_argument("--storage", default="ram", choices=["ram", "disk"], help="replay storage")
-    b.add_argument("--device", default="cpu", help="device of sampled batches and the learner")
-    b.add_argument("--seconds", default="1.0", help="timing per measurement (default 1.0)")
+    b.add_argument(
+        "--device", type=compute_device, default="cpu",
+        help="device of sampled batches and the learner (cpu, cuda[:N], auto)",
+    )  # fmt: skip
+    b.add_argument(
+        "--seconds", type=positive_float, default=1.0, help="timing per measurement (1.0)"
+    )
     b.add_argument(
         "--field", action="append", default=[],
         help="replay field NAME=SHAPE:DTYPE instead of the env's transitions (repeat)",

@@ -15,7 +15,7 @@ from typing import Any
 
 from rlstash.settings import SettingError
 from rlstash.train.config import TrainConfig
-from rlstash.train.flags import Given, add_train_flags, given_flags, known_settings
+from rlstash.train.flags import Given, add_train_flags, given_flags, int_at_least, known_settings
 
 try:
     import tomllib
@@ -24,11 +24,17 @@ except ImportError:  # Python 3.10
 
 
 def _config_file(path: str, given: Given) -> None:
-    """A TOML file: run settings at the top level, agent settings under ``[agent]``."""
+    """A TOML file: run settings at the top level, agent settings under ``[agent]``; every
+    error names the file (and the key: ``--config FILE: [agent] gamma: ...``)."""
     try:
-        data = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"--config {path}: {exc}; fix the file or the path") from None
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        if isinstance(exc, UnicodeDecodeError):
+            why = f"not a UTF-8 text file ({exc.reason} at byte {exc.start})"
+        raise ValueError(
+            f"--config {path}: cannot read it as TOML: {why}; fix the file or the path"
+        ) from None
     agent = data.pop("agent", {})
     if not isinstance(agent, dict):
         raise SettingError(
@@ -169,8 +175,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     e = sub.add_parser("eval", help="run a saved policy and print return statistics")
     e.add_argument("run", help="run directory (runs/<name>)")
-    e.add_argument("--episodes", type=int, default=10)
-    e.add_argument("--seed", type=int, default=12345)
+    e.add_argument(
+        "--episodes", type=int_at_least(1), default=10, help="episodes to run (default 10)"
+    )
+    e.add_argument(
+        "--seed", type=int_at_least(0), default=12345, help="seed of the first episode (12345)"
+    )
     e.add_argument(
         "--video",
         action="store_true",

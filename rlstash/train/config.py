@@ -19,6 +19,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from rlstash.device import COMPUTE, check_device
 from rlstash.settings import SettingError, check_types
 from rlstash.settings import setting as s
 
@@ -38,7 +41,14 @@ class TrainConfig:
         group="run",
     )
     env: str = s("CartPole-v1", "Gymnasium env id.", group="run")
-    steps: int = s(100_000, "Env steps at most.", group="run")
+    steps: int | None = s(
+        None,
+        "Env steps at most; the run stops earlier once evaluations stay at --threshold "
+        "(default: the env's). Default 100,000; on-policy algorithms (ppo) take it in rollouts "
+        "of the env's preset, making as many rollouts at any --envs or --rollout-steps (PPO "
+        "CartPole-v1: 391 rollouts of 8 envs x 32 steps; 12.8M steps at --envs 1024).",
+        group="run",
+    )
     seed: int = s(0, "Seed of envs, replay sampling and the agent's networks.", group="run")
     # collection
     envs: int = s(1, "Environments collected from in parallel.", group="collection")
@@ -128,8 +138,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        for name in ("steps", "envs"):
-            _at_least(self, name, 1)
+        _at_least(self, "envs", 1)
+        if self.steps is not None:
+            _at_least(self, "steps", 1)
         for name in RUN_DEFAULTS:
             if getattr(self, name) is not None:
                 _at_least(self, name, 1)
@@ -157,6 +168,8 @@ class TrainConfig:
                 "threshold", "a finite return", self.threshold, "give a number, or leave it unset"
             )
         _one_of(self, "storage", STORAGES)
+        for name in ("device", "buffer_device"):  # no CUDA call: spelling and type only
+            check_device(getattr(self, name), name, COMPUTE)
         if self.name in (".", "..") or any(c in self.name for c in "/\\\0"):
             raise SettingError(
                 "name", "one directory name (no '/', '\\', '.' or '..'; runs go under run_dir)",
@@ -168,30 +181,65 @@ class TrainConfig:
         _one_of(self, "algo", tuple(ALGOS))
 
     def _check_compression(self) -> None:
-        _one_of(self, "compress", COMPRESSIONS)
-        b = self.compress_budget
-        if not 0.0 < b <= 1.0:
-            raise SettingError(
-                "compress_budget", "a fraction in (0, 1] of a raw frame", b, "e.g. 0.1 for Atari"
-            )
-        if self.compress == "none":
-            return
-        if self.storage != "ram" or self.buffer_device != "cpu":
-            raise SettingError(
-                "compress", "compressed frames in host RAM (storage ram, buffer_device cpu)",
-                f"{self.compress} with storage {self.storage}, buffer_device "
-                f"{self.buffer_device}", "give --storage ram --buffer-device cpu, or drop it",
-            )  # fmt: skip
+        check_compression(
+            self.compress, self.compress_budget, self.compress_delta, self.storage,
+            self.buffer_device,
+        )  # fmt: skip
 
     def compression(self) -> Any:
-        """The replay's :class:`~rlstash.storage.frames.FrameCompression`, or None."""
-        if self.compress == "none":
-            return None
-        from rlstash.storage.frames import FrameCompression
+        """The replay's :class:`~rlstash.storage.frames.FrameCompression`, or None. Once the
+        loop settings are resolved (``buffer_size``, ``n_steps``: a run's buffer is made), the
+        budget is checked against the lanes it sizes and the codec's package must be
+        installed (a ValueError naming ``compress`` and the install command)."""
+        comp = check_compression(
+            self.compress, self.compress_budget, self.compress_delta, self.storage,
+            self.buffer_device, **self._lanes_of_replay(),
+        )  # fmt: skip
+        if comp is not None and self.buffer_size is not None:
+            from rlstash.storage.codecs import missing_package
 
-        return FrameCompression(
-            self.compress, delta=self.compress_delta, budget=float(self.compress_budget)
-        )
+            missing = missing_package(comp.codec)
+            if missing:
+                raise ValueError(f"compress: {missing}, or drop --compress {comp.codec}")
+        return comp
+
+    def check_replay(self) -> None:
+        """The checks of a resolved config's replay (``buffer_size`` and ``n_steps`` set), made
+        before anything is built: every env's lane holds a sampled row (``n_steps +
+        frame_stack`` slots), and a compression budget keeps one (:func:`check_compression`).
+        A :class:`SettingError` naming ``buffer_size`` or ``compress_budget``."""
+        lanes = self._lanes_of_replay()
+        if not lanes:
+            return
+        need = max(2, lanes["row_frames"])
+        if lanes["lane_slots"] < need:
+            raise SettingError(
+                "buffer_size", f"at least {need * self.lanes} for {self.lanes} env(s): each "
+                f"env's share holds a sampled row, n_steps + frame_stack = {need} slots",
+                self.buffer_size, f"give {flag('buffer_size')} {need * self.lanes} or more",
+            )  # fmt: skip
+        check_compression(
+            self.compress, self.compress_budget, self.compress_delta, self.storage,
+            self.buffer_device, **lanes,
+        )  # fmt: skip
+
+    def _lanes_of_replay(self) -> dict[str, int]:
+        """``lane_slots`` (replay slots per env) and ``row_frames`` (frames a sampled row
+        spans) once ``buffer_size`` and ``n_steps`` are resolved, else {}."""
+        if self.buffer_size is None or self.n_steps is None:
+            return {}
+        return {
+            "lane_slots": self.buffer_size // self.lanes,
+            "row_frames": self.n_steps + self.frame_stack,
+        }
+
+    @property
+    def frame_stack(self) -> int:
+        """Frames per observation: ``history``, else 4 for ALE ids (Atari preprocessing
+        stacks 4), else 1 (the replay stores single frames and rebuilds the stacks)."""
+        from rlstash.envs.atari import FRAME_STACK, is_atari
+
+        return self.history or (FRAME_STACK if is_atari(self.env) else 1)
 
     @property
     def lanes(self) -> int:
@@ -206,6 +254,69 @@ class TrainConfig:
         ``.``, ``_`` and ``-`` written as ``-`` (``ALE/Pong-v5`` -> ``dqn-ALE-Pong-v5-s0``: one
         directory, not ``dqn-ALE/`` holding ``Pong-v5-s0``)."""
         return self.name or f"{self.algo}-{_UNSAFE.sub('-', self.env)}-s{self.seed}"
+
+
+def check_compression(
+    compress: str,
+    budget: float,
+    delta: bool,
+    storage: str,
+    device: str,
+    *,
+    lane_slots: int | None = None,
+    row_frames: int | None = None,
+    device_setting: str = "buffer_device",
+) -> Any:
+    """The compression rules ``rlstash train`` and ``rlstash plan`` share: the
+    :class:`~rlstash.storage.frames.FrameCompression` of the settings (None for ``"none"``), or
+    a :class:`SettingError` naming the setting (``compress``, ``compress_budget``). Compressed
+    frames live in host RAM (``storage`` ram, ``device`` of type cpu; ``device_setting`` is its
+    name: ``buffer_device`` in train, ``device`` in plan). With ``lane_slots`` (slots per env)
+    and ``row_frames`` (frames one sampled row spans: ``n_steps + frame_stack``) the budget must
+    keep a row's frames even when frames do not compress: ``floor(budget * lane_slots)`` frames
+    per lane are kept then, less ``key_every - 1`` with delta coding (below that, sampling finds
+    no valid row)."""
+    if compress not in COMPRESSIONS:
+        raise SettingError("compress", f"one of {', '.join(COMPRESSIONS)}", compress, "pick one")
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0.0 < budget <= 1.0:
+        raise SettingError(
+            "compress_budget", "a fraction in (0, 1] of a raw frame", budget, "e.g. 0.1 for Atari"
+        )
+    if compress == "none":
+        return None
+    place = flag(device_setting)
+    try:
+        on_cpu = torch.device(device).type == "cpu"
+    except (RuntimeError, TypeError, ValueError):
+        on_cpu = False
+    if storage != "ram" or not on_cpu:
+        raise SettingError(
+            "compress", f"compressed frames in host RAM (storage ram, {device_setting} cpu)",
+            f"{compress} with storage {storage}, {device_setting} {device}",
+            f"give --storage ram {place} cpu, or drop it",
+        )  # fmt: skip
+    from rlstash.storage.frames import FrameCompression
+
+    comp = FrameCompression(compress, delta=bool(delta), budget=float(budget))
+    if lane_slots is not None and row_frames is not None:
+        need = row_frames + comp.chain - 1  # frames a row spans, and a delta chain's head
+        if budget * lane_slots + 1e-9 < need:
+            low = math.ceil(need / max(1, lane_slots) * 1e4) / 1e4
+            what = (
+                f"at least {low:g}: {lane_slots} slots per env keep floor(budget x slots) "
+                f"frames when frames do not compress, and a sampled row spans {row_frames}"
+                + (f" (+ {comp.chain - 1} of a delta chain)" if comp.chain > 1 else "")
+            )
+            fix = f"give {flag('compress_budget')} {low:g} or more"
+            if low > 1:
+                fix = "raise the capacity (slots per env), or drop --compress-delta"
+            raise SettingError("compress_budget", what, budget, fix)
+    return comp
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a setting: ``buffer_size`` -> ``--buffer-size``."""
+    return "--" + name.replace("_", "-")
 
 
 def _at_least(cfg: TrainConfig, name: str, low: int) -> None:

@@ -20,6 +20,9 @@ def evaluate_run(
     are recorded to ``<run_dir>/videos/eval-s<seed>-<i>.mp4`` (``out["videos"]``: the paths)."""
     from rlstash.train import video as videos
 
+    for name, value, low in (("episodes", episodes, 1), ("seed", seed, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}: expected an int >= {low}, got {value!r}; give {low} or more")
     if checkpoint.latest(run_dir) is None:
         raise ValueError(
             f"run: no complete checkpoint in {run_dir}; train first (rlstash train --name ...)"

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlstash.settings import SettingError, SettingTypeError, field_types, help_of, parse_text
 from rlstash.train import algos
-from rlstash.train.config import LOOP_SETTINGS, TrainConfig
+from rlstash.train.config import LOOP_SETTINGS, TrainConfig, flag
 
 GROUPS = {
     "run": "what to train",
@@ -31,9 +34,72 @@ GROUPS = {
 AGENT_DEST = "agent:"  # argparse dest prefix of agent settings
 
 
-def flag(name: str) -> str:
-    """The flag of a setting: ``buffer_size`` -> ``--buffer-size``."""
-    return "--" + name.replace("_", "-")
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse ``type`` for count-like flags (episodes, capacities, env counts): an int
+    >= ``low``, else an error that argparse prints as ``--flag: expected an int >= 1, got '0';
+    give 1 or more``. Every count flag of the CLI parses through this."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(
+                f"expected an int >= {low}, got {text!r}; give {low} or more"
+            )
+        return value
+
+    parse.__name__ = f"int >= {low}"
+    return parse
+
+
+def ints_at_least(low: int, words: tuple[str, ...] = ()) -> Callable[[str], tuple[int | str, ...]]:
+    """An argparse ``type``: comma-separated ints >= ``low`` (or one of ``words``), e.g.
+    ``0,2,auto``."""
+    one = int_at_least(low)
+
+    def parse(text: str) -> tuple[int | str, ...]:
+        out: list[int | str] = []
+        for part in (p.strip() for p in text.split(",")):
+            if part in words:
+                out.append(part)
+                continue
+            try:
+                out.append(one(part))
+            except argparse.ArgumentTypeError:
+                also = f" or {' or '.join(words)}" if words else ""
+                raise argparse.ArgumentTypeError(
+                    f"expected ints >= {low}{also} joined by ',', got {part!r} in {text!r}; "
+                    f"e.g. {low},{low + 2}"
+                ) from None
+        return tuple(out)
+
+    parse.__name__ = "list"
+    return parse
+
+
+def compute_device(text: str) -> str:
+    """An argparse ``type``: a device that computes (cpu, cuda[:N], auto; not meta), checked by
+    spelling and type only (:func:`rlstash.device.check_device`: no CUDA call)."""
+    from rlstash.device import COMPUTE, check_device
+
+    try:
+        check_device(text, "device", COMPUTE)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("device: ")) from None
+    return text
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type``: a finite float > 0 (a time, a fraction)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}; e.g. 1.0")
+    return value
 
 
 def _show(value: Any) -> str:
@@ -200,22 +266,37 @@ class Given:
         label = self.sources.get(name, flag(name))
         if exc.fix or not isinstance(exc, SettingTypeError):
             return exc.text(label)
-        example = _example(name)
+        value = _example(name)
+        example = _show(value) if value is not None else "1.0"
         fix = f"e.g. {label}={example}" if label.startswith("--set") else f"e.g. {label} {example}"
-        if ":" in label:  # a --config file entry
-            fix = f"e.g. {name} = {example}"
+        if ":" in label:  # a --config file entry: TOML
+            fix = f"e.g. {name} = {_toml(value) if value is not None else '1.0'}"
         return SettingError(name, exc.expected, exc.got, fix).text(label)
 
 
-def _example(name: str) -> str:
+def _example(name: str) -> Any:
+    """A valid value of setting ``name`` (its default; None when it has none)."""
     if name in field_types(TrainConfig):
         f = {f.name: f for f in dataclasses.fields(TrainConfig)}[name]
         value = f.default
         if value is None and name in LOOP_SETTINGS:
             value = next(iter(algos.ALGOS.values())).loop[name]
-        return _show(value) if value is not None else "1.0"
+        if value is None and name == "steps":
+            value = algos.DEFAULT_STEPS
+        return value
     owners = agent_settings().get(name)
-    return _show(_default_of(owners[0][1], name)) if owners else "VALUE"
+    return _default_of(owners[0][1], name) if owners else None
+
+
+def _toml(value: Any) -> str:
+    """``value`` as a TOML file writes it: ``[64, 64]``, ``"relu"``, ``true``."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (tuple, list)):
+        return f"[{', '.join(_toml(v) for v in value)}]"
+    return repr(value)
 
 
 def given_flags(args: argparse.Namespace, given: Given) -> Given:
@@ -235,8 +316,12 @@ __all__ = [
     "Given",
     "add_train_flags",
     "agent_settings",
+    "compute_device",
     "flag",
     "given_flags",
+    "int_at_least",
+    "ints_at_least",
     "known_settings",
+    "positive_float",
     "setting_type",
 ]

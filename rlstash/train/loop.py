@@ -30,7 +30,7 @@ from rlstash.diag import telemetry
 from rlstash.train import builders, checkpoint, ray_run, rundir
 from rlstash.train.builders import Run, build_run
 from rlstash.train.config import TrainConfig
-from rlstash.train.runlog import RunLog, plot_learning_curve
+from rlstash.train.runlog import RunLog, plot_learning_curve, run_length
 
 __all__ = ["TrainConfig", "TrainResult", "train"]
 
@@ -79,7 +79,8 @@ def train(cfg: TrainConfig | None = None, resume: str | Path | None = None) -> T
 
         run = build_run(cfg, run_dir, state)  # refuses bad settings before writing anything
         held.keep = True
-        log = RunLog(run_dir, run.cfg.steps, quiet=run.cfg.quiet, start_step=run.step)
+        total = run_length(run.cfg.steps, run.step, run.frames_per_collect)  # whole collections
+        log = RunLog(run_dir, total, quiet=run.cfg.quiet, start_step=run.step)
         try:
             if isinstance(run, onpolicy.OnPolicyRun):
                 return onpolicy.run_loop(run, log)

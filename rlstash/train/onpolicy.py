@@ -114,7 +114,7 @@ def build_onpolicy_run(cfg: Any, run_dir: Path, state: dict[str, Any] | None = N
                 top = top.parent
             undo.callback(shutil.rmtree, top, ignore_errors=True)
             run_dir.mkdir(parents=True)
-        num_envs = cfg.envs if cfg.envs > 1 else agent_cfg.num_envs
+        num_envs = algos.rollout_envs(cfg, agent_cfg)
         source = _env_source(cfg.env, info.act_space, agent_cfg)
         # same-step autoreset: every row a real step (next-step mode spends a row per episode
         # end on a reset step); final observations come with the batch for bootstrapping
@@ -123,7 +123,7 @@ def build_onpolicy_run(cfg: Any, run_dir: Path, state: dict[str, Any] | None = N
             env = builders.make_batched_env(cfg.env, num_envs, cfg.workers, device, same_step=True)
         else:
             env = ProcessPoolVectorEnv(
-                source, num_envs=num_envs, num_workers=cfg.workers, autoreset_mode="same_step"
+                source, num_envs=num_envs, num_workers=cfg.workers, autoreset_mode="SameStep"
             )
         undo.callback(env.close)
         agent = builders.make_agent(cfg, agent_cfg, info, device)

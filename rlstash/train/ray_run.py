@@ -47,6 +47,10 @@ def check(cfg: TrainConfig) -> None:
         )
     if importlib.util.find_spec("ray") is None:  # last: the settings' own errors come first
         raise ValueError("ray: Ray is not installed; pip install 'rlstash[ray]', or drop --ray")
+    if cfg.ray != "local":  # before the run directory exists: ray.init retries for minutes
+        from rlstash.collect.ray_session import check_reachable
+
+        check_reachable(cfg.ray, name="ray", local="--ray local")
 
 
 def _address_ok(address: str) -> bool:

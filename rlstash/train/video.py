@@ -5,7 +5,8 @@ wrapped in :class:`RecordEpisode`; it records nothing until its :class:`Recorder
 episodes::
 
     recorder = Recorder(run_dir / "videos")                      # refuses if imageio is missing
-    env = recorder.wrap(factory)()                               # what make_eval_env does
+    env = recorder.wrap(factory)()         # what make_eval_env does; refuses an env that cannot
+                                           # render (its renderer's package missing, e.g. pygame)
     recorder.request("step-00050000")                            # the next episode of env 0 ...
     ... run the evaluation ...                                   # ... is written on its end
     recorder.cancel()                                            # nothing left pending
@@ -33,13 +34,24 @@ PACKAGES = ("imageio", "imageio_ffmpeg")
 
 
 def check_available() -> None:
-    """Raise a ValueError naming the fix when imageio or its ffmpeg plugin is missing."""
+    """Raise a ValueError naming the fix when imageio, its ffmpeg plugin or the plugin's
+    ffmpeg binary is missing (before a run starts; the env's renderer is checked when the
+    recorded env is made, :class:`RecordEpisode`)."""
     missing = [p for p in PACKAGES if importlib.util.find_spec(p) is None]
     if missing:
         raise ValueError(
             f"video: needs {' and '.join(missing)} to write MP4 files, not installed; "
             "install them with: pip install 'rlstash[video]' (or drop --video)"
         )
+    import imageio_ffmpeg
+
+    try:
+        imageio_ffmpeg.get_ffmpeg_exe()
+    except RuntimeError as exc:
+        raise ValueError(
+            f"video: imageio-ffmpeg finds no ffmpeg binary ({' '.join(str(exc).split())}); "
+            "reinstall it with: pip install --force-reinstall 'rlstash[video]' (or drop --video)"
+        ) from None
 
 
 class Recorder:
@@ -83,6 +95,7 @@ class RecordEpisode(gym.Wrapper):
         self.recorder = recorder
         self.path: Path | None = None
         self.frames: list[np.ndarray] = []
+        check_renders(env)
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict]:
         obs, info = self.env.reset(**kwargs)
@@ -101,6 +114,34 @@ class RecordEpisode(gym.Wrapper):
                 self.recorder.written.append(write_mp4(self.path, self.frames, fps))
                 self.path, self.frames = None, []
         return obs, reward, terminated, truncated, info
+
+
+def check_renders(env: Any) -> None:
+    """Reset ``env`` and render one frame, so that an env that cannot render is refused when
+    it is made (before a run starts), not at the first evaluation: a ValueError naming the env,
+    the missing package and its install command (gymnasium's own hint, e.g. ``pip install
+    "gymnasium[classic-control]"`` for pygame), or what came instead of an RGB frame."""
+    name = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+    env.reset()
+    try:
+        frame = env.render()
+    except (ImportError, gym.error.DependencyNotInstalled) as exc:
+        raise ValueError(
+            f"video: env {name} cannot render frames: {' '.join(str(exc).split())}; install "
+            "it, or drop --video"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - a renderer fails in its own ways (GL, EGL)
+        raise ValueError(
+            f"video: env {name} cannot render frames ({type(exc).__name__}: "
+            f"{' '.join(str(exc).split())}); fix its renderer (MuJoCo without a display: "
+            "MUJOCO_GL=egl or osmesa), or drop --video"
+        ) from None
+    shape = getattr(frame, "shape", None)
+    if shape is None or len(shape) != 3 or shape[2] != 3:
+        raise ValueError(
+            f"video: env {name} renders {type(frame).__name__} of shape {shape}, not an RGB "
+            "frame [H, W, 3]; drop --video"
+        )
 
 
 def write_mp4(path: Path, frames: list[np.ndarray], fps: float) -> Path:

@@ -433,10 +433,10 @@ class NumpyObsEnv(LoggedEnv):
 class NoFinalObsEnv(LoggedEnv):
     """Same-step autoreset without reporting the final observation (as Isaac Lab does)."""
 
-    def __init__(self, log):
+    def __init__(self, log, metadata=None):
         super().__init__(log)
         self.inner = CartPoleVectorEnv(num_envs=4, autoreset_mode=AutoresetMode.SAME_STEP)
-        self.metadata = {}  # says nothing: GPU simulators reset in the same step
+        self.metadata = {} if metadata is None else metadata
 
     def step(self, actions):
         obs, r, te, tr, info = self.inner.step(actions)
@@ -449,10 +449,18 @@ def test_batched_env_must_return_tensors_on_its_device():
 
 
 def test_same_step_env_without_final_obs_is_refused_when_an_episode_ends():
-    c = Collector(NoFinalObsEnv([]), zeros_policy, frames_per_batch=4 * 3, seed=0)
+    declared = {"autoreset_mode": AutoresetMode.SAME_STEP}
+    c = Collector(NoFinalObsEnv([], declared), zeros_policy, frames_per_batch=4 * 3, seed=0)
     assert c.same_step
     c.collect()  # no episode ended yet: nothing is lost
     with pytest.raises(ValueError, match="no 'final_obs'"):
+        for _ in range(10):
+            c.collect()
+    # saying nothing, it is read as gymnasium's default (NextStep) and its first episode end
+    # shows it is not: refused with the declaration to add (tests/faults/test_batched_contract)
+    c = Collector(NoFinalObsEnv([]), zeros_policy, frames_per_batch=4 * 3, seed=0)
+    assert not c.same_step
+    with pytest.raises(ValueError, match=r"declare it: env.metadata\['autoreset_mode'\]"):
         for _ in range(10):
             c.collect()
 

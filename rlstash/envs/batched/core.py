@@ -40,6 +40,7 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from rlstash import autoreset
 from rlstash.envs.batched.ops import NumpyOps, TorchOps, ops_for
 
 _M32 = 0xFFFFFFFF
@@ -139,13 +140,12 @@ class ResetPool:
         self.base[sel] = resets[sel]
 
 
-def _autoreset_mode(mode: Any) -> AutoresetMode:
-    try:
-        return AutoresetMode(getattr(mode, "value", mode))
-    except ValueError:
-        raise ValueError(
-            f"autoreset_mode: expected one of {[m.value for m in AutoresetMode]}, got {mode!r}"
-        ) from None
+def _indexed(device: torch.device) -> torch.device:
+    """``cuda`` as the device its tensors land on (``cuda:<current>``), so that ``device``
+    equals the ``.device`` of every tensor the env returns; other devices as they are."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 class BatchedVectorEnv(VectorEnv):
@@ -156,7 +156,8 @@ class BatchedVectorEnv(VectorEnv):
         num_envs: N.
         device: where the state, observations, rewards and flags live.
         max_episode_steps: time limit; steps beyond it report ``truncated``.
-        autoreset_mode: ``"NextStep"`` (default), ``"SameStep"`` or ``"Disabled"``.
+        autoreset_mode: a ``gymnasium.vector.AutoresetMode`` or its value: ``"NextStep"``
+            (default), ``"SameStep"`` or ``"Disabled"`` (:mod:`rlstash.autoreset`).
     """
 
     def __init__(
@@ -174,10 +175,11 @@ class BatchedVectorEnv(VectorEnv):
                 f"max_episode_steps: expected a positive int, got {max_episode_steps!r}"
             )
         self.dynamics, self.num_envs = dynamics, num_envs
-        self.device = torch.device(device)
+        self.device = _indexed(torch.device(device))
         self.ops: NumpyOps | TorchOps = ops_for(self.device)
         self.max_episode_steps = max_episode_steps
-        self.autoreset_mode = _autoreset_mode(autoreset_mode)
+        self.autoreset_mode = autoreset.resolve(autoreset_mode)
+        # declared, never left to a default: collectors read the mode from here
         self.metadata = {"autoreset_mode": self.autoreset_mode, "render_modes": []}
         self.render_mode = None
         self.single_observation_space = dynamics.single_observation_space
