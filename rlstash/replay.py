@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlstash.atomic import write_atomic
+from rlstash import manifest
 from rlstash.core import (
     FastRows,
     Index,
@@ -56,11 +56,12 @@ from rlstash.indices import as_rows
 from rlstash.prefetch import Prefetcher, Stopped
 from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler
 from rlstash.spec import Batch
+from rlstash.storage.state_paths import relative, resolve
 from rlstash.storage.stream_direct import LockedSteps
 from rlstash.writer import RingWriter
 
 Transform = Callable[[Batch], Batch]
-_FORMAT = 2  # 1: the sampler was pickled; 2: its state_dict
+_FORMAT = 3  # 1: the sampler was pickled; 2: its state_dict; 3: relative paths, a manifest
 _RESUME_CHUNK = 1 << 16  # rows per read when a reopened storage replays its rows to a sampler
 
 
@@ -423,13 +424,20 @@ class ReplayBuffer:
             }
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the buffer to ``path`` (a file) atomically: temp file, fsync, rename."""
+        """Write the buffer to ``path`` (a file) atomically: temp file, fsync, rename; then
+        record its size and SHA-256 in the ``MANIFEST.json`` beside it (:mod:`rlstash.manifest`),
+        which :meth:`load` checks. A disk storage is flushed and referenced, not copied: its
+        directory is stored relative to ``path``'s directory, so the two can be copied or moved
+        together (a run directory with its checkpoint and buffer)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         if self._flush is not None:
             self._flush()
         state = self.state_dict()
-        return write_atomic(path, lambda f: torch.save(state, f))
+        state["storage"] = relative(state["storage"], path.parent)
+        entry = manifest.write_hashed(path, lambda f: torch.save(state, f))
+        manifest.record(path.parent, {path.name: entry})
+        return path
 
     @classmethod
     def load(
@@ -440,25 +448,50 @@ class ReplayBuffer:
         pin_memory: bool = False,
         prefetch: int = 0,
         sampler: Sampler | None = None,
+        verify: bool = True,
     ) -> ReplayBuffer:
         """Rebuild a buffer saved by :meth:`save`; it samples exactly what the original would.
+
+        First the file is checked against the ``MANIFEST.json`` beside it (size, SHA-256), and
+        a disk storage's directory is resolved against the file's directory and checked to be
+        there with its metadata (the storage itself checks its files' headers and sizes when it
+        opens). A damaged file is refused with :class:`rlstash.manifest.DamagedFile` (a
+        ValueError naming the file, what is wrong and the fix), never loaded. ``verify=False``
+        loads a file without its manifest (e.g. copied alone), unchecked.
 
         The sampler is rebuilt from its saved ``state_dict`` (built-in kinds), or given as
         ``sampler`` (a new one of the saved kind, e.g. a user's own): its state is loaded in.
         """
-        state = torch.load(Path(path), weights_only=False)
-        if state.get("format") not in (1, _FORMAT):
+        path = Path(path)
+        man = manifest.read(path.parent) if verify else None
+        listed = man is not None and path.name in man["files"]
+        if listed:
+            manifest.verify(path, man)
+        state = _load_file(path)
+        if state.get("format") not in (1, 2, _FORMAT):
             raise ValueError(
                 f"{path}: unknown buffer format {state.get('format')!r}, expected {_FORMAT}"
             )
-        saved = state["sampler"]
-        if state["format"] == 1:  # an older rlstash pickled the sampler object itself
-            saved = saved.state_dict()
-        if sampler is None:
-            sampler = sampler_from_state(saved, path)
+        if verify and not listed and state["format"] >= 3:
+            raise manifest.DamagedFile(
+                path,
+                f"no {manifest.NAME} beside it lists it (its size and checksum)",
+                f"copy {manifest.NAME} along with it, or load it unchecked with "
+                "ReplayBuffer.load(path, verify=False)",
+            )
         from rlstash.storage import storage_from_state
 
-        storage = storage_from_state(state["storage"])
+        try:
+            saved = state["sampler"]
+            if state["format"] == 1:  # an older rlstash pickled the sampler object itself
+                saved = saved.state_dict()
+            writer, rng = state["writer"], state["rng"]
+            sampler = sampler_from_state(saved, path) if sampler is None else sampler
+            storage = storage_from_state(resolve(state["storage"], path))
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+            raise manifest.DamagedFile(
+                path, f"it is not a saved buffer ({manifest.one_line(exc)})"
+            ) from None
         rb = cls(
             storage,
             sampler=sampler,
@@ -467,12 +500,38 @@ class ReplayBuffer:
             pin_memory=pin_memory,
             prefetch=prefetch,
         )
-        if rb.writer is not None:
-            rb.writer.load_state_dict(state["writer"])
-        rb.sampler.load_state_dict(saved)
-        rb.rng.bit_generator.state = state["rng"]
+        try:
+            if rb.writer is not None:
+                rb.writer.load_state_dict(writer)
+            rb.sampler.load_state_dict(saved)
+            rb.rng.bit_generator.state = rng
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
+            rb.close()
+            raise manifest.DamagedFile(
+                path, f"its state does not load ({manifest.one_line(exc)})"
+            ) from None
         rb._sync_storage_cursor()
         return rb
+
+
+def _load_file(path: Path) -> dict[str, Any]:
+    """``torch.load`` of a saved buffer; anything that is not one is a DamagedFile."""
+    import pickle
+    import zipfile
+
+    try:
+        state = torch.load(path, weights_only=False)
+    except FileNotFoundError:
+        raise
+    except (
+        EOFError, pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, ValueError,
+        TypeError, KeyError, AttributeError, ImportError, IndexError, UnicodeDecodeError,
+        OSError,  # torch: a file cut short is OSError EINVAL
+    ) as exc:  # fmt: skip
+        raise manifest.DamagedFile(path, f"it does not load ({manifest.one_line(exc)})") from None
+    if not isinstance(state, dict):
+        raise manifest.DamagedFile(path, f"it holds a {type(state).__name__}, not a saved buffer")
+    return state
 
 
 def sampler_from_state(state: dict[str, Any], path: Any = "state") -> Sampler:

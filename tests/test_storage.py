@@ -397,7 +397,9 @@ def test_memmap_refuses_foreign_or_damaged_directories(tmp_path):
     assert [p.name for p in (tmp_path / "foreign").iterdir()] == ["notes.txt"]
     MemmapStorage(SPEC, CAP, tmp_path / "buf").close()
     os.truncate(tmp_path / "buf" / "vec.bin", 10)
-    with pytest.raises(ValueError, match=r"vec.bin has 10 bytes, expected 192"):
+    with pytest.raises(
+        ValueError, match=r"vec.bin is damaged: it has 10 bytes, expected 192 .*Fix: restore"
+    ):
         MemmapStorage(SPEC, CAP, tmp_path / "buf")
     with pytest.raises(ValueError, match="share the file"):
         MemmapStorage({"a/b": ((), torch.int8), "a__b": ((), torch.int8)}, 4, tmp_path / "c")

@@ -75,9 +75,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         settings_from_args(args, given)
         if args.resume:
-            if given.sources:
+            if given.sources:  # named with the run's own value where its manifest says it
+                from rlstash.train.rundir import resume_conflict
+
+                values = {**given.values, **given.agent}
+                conflict = resume_conflict(Path(args.resume), values, given.sources)
                 raise ValueError(
-                    f"--resume: continues a run with its saved settings, got "
+                    conflict
+                    or f"--resume: continues a run with its saved settings, got "
                     f"{', '.join(sorted(set(given.sources.values())))}; drop them or start a new run"
                 )
             train(resume=args.resume)

@@ -56,7 +56,7 @@ from rlstash.storage.disk_layout import (
 )
 from rlstash.storage.ram import ArrayStorage, as_spec, spec_mismatch
 
-__all__ = ["MemmapStorage"]
+__all__ = ["MemmapStorage", "inspect"]
 
 
 @dataclass
@@ -188,6 +188,24 @@ def _check_commit(rec: Commit, capacity: int, file: Path) -> None:
             f"hole={rec.hole_start}+{rec.hole_len} for capacity {capacity}. Fix: restore the "
             "directory from a copy, or delete it and start a new storage"
         )
+
+
+def inspect(path: str | os.PathLike) -> tuple[dict[str, Any], Commit, dict[str, np.ndarray]]:
+    """Check the directory of a MemmapStorage without changing it (no lock, nothing written):
+    ``meta.json``, ``commit.rec`` (its size, its newest record within the capacity) and each
+    data file's exact size, as opening it does. Returns ``(meta, record, maps)``, ``maps``
+    read-only memory maps ``[capacity, *shape]``; a ValueError naming a damaged file."""
+    path = Path(path)
+    meta = read_meta(path)
+    rec = Commit(meta.get("cursor", 0), meta.get("size", 0))  # version 1: in meta.json
+    if meta["version"] > 1:
+        log = CommitLog(path / COMMIT, readonly=True)
+        try:
+            rec = log.read() or Commit()
+        finally:
+            log.close()
+        _check_commit(rec, meta["capacity"], path / COMMIT)
+    return meta, rec, open_maps(path, meta["spec"], meta["capacity"], "r")
 
 
 class MemmapStorage(ArrayStorage):

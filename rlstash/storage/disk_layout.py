@@ -104,14 +104,19 @@ def meta_dict(spec: Spec, capacity: int) -> dict[str, Any]:
 def read_meta(path: Path) -> dict[str, Any]:
     """The parsed and checked ``path/meta.json``; ValueError naming the file and the key.
 
-    Checked: format, version, a spec that parses, a positive int capacity, and (version 1)
+    Checked: format, version, a spec that parses, a positive int capacity, (version 2) the
+    data files named for the spec's fields, and (version 1)
     ``0 <= cursor < capacity``, ``0 <= size <= capacity`` and a dict ``extra``. ``meta["spec"]``
     is returned as a :class:`Spec`.
     """
     file = path / META
     try:
         meta = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
+    except FileNotFoundError:
+        raise _damaged(file, "it is missing") from None
+    except ValueError as exc:  # not UTF-8, not JSON: cut short or overwritten
+        raise _damaged(file, f"it does not parse ({exc})") from None
+    except OSError as exc:
         raise ValueError(f"path: cannot read {file}: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"path: {file} is not the metadata of a MemmapStorage")
@@ -125,6 +130,12 @@ def read_meta(path: Path) -> dict[str, Any]:
         meta["spec"] = Spec.from_dict(meta["spec"])
     except Exception as exc:  # noqa: BLE001 - any malformed spec: one clear error
         raise _damaged(file, f"its 'spec' does not parse ({type(exc).__name__}: {exc})") from exc
+    if meta["version"] > 1 and meta.get("files") != file_names(meta["spec"]):
+        raise _damaged(
+            file,
+            f"its 'files' {meta.get('files')!r} are not those of its spec "
+            f"{file_names(meta['spec'])!r}",
+        )
     if meta["version"] == 1:
         _int_key(meta, "cursor", file, 0, capacity - 1)
         _int_key(meta, "size", file, 0, capacity)
@@ -180,21 +191,26 @@ class Commit:
 
 
 class CommitLog:
-    """The records in ``commit.rec`` (see the module docstring), through a shared memory map.
+    """The records in ``commit.rec`` (see the module docstring), through a shared memory map
+    (``readonly``: a read-only one, for inspecting a directory without changing it).
 
     A slot holds ``seq`` first and again in its last 8 bytes; a record counts only when both
     match, so a write cut short (the stores run in order: head, extra, tail) never counts.
     """
 
-    def __init__(self, path: Path) -> None:
-        fd = os.open(path, os.O_RDWR)
+    def __init__(self, path: Path, readonly: bool = False) -> None:
+        try:
+            fd = os.open(path, os.O_RDONLY if readonly else os.O_RDWR)
+        except FileNotFoundError:
+            raise _damaged(
+                path, "it is missing (the commit records: how many rows are stored)"
+            ) from None
         try:
             size = os.fstat(fd).st_size
             if size != COMMIT_BYTES:
-                raise ValueError(
-                    f"path: {path} has {size:,} bytes, expected {COMMIT_BYTES}; the storage is damaged"
-                )
-            self._map = mmap.mmap(fd, COMMIT_BYTES)
+                raise _damaged(path, f"it has {size:,} bytes, expected {COMMIT_BYTES:,}")
+            access = mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE
+            self._map = mmap.mmap(fd, COMMIT_BYTES, access=access)
         finally:
             os.close(fd)
         self.path = path
@@ -320,7 +336,8 @@ def create_commit_file(path: Path) -> None:
 
 # ---------------------------------------------------------------------------- data files
 def open_maps(path: Path, spec: Spec, capacity: int, mode: str) -> dict[str, np.ndarray]:
-    """Memory maps ``[capacity, *shape]`` of every field file (checked for size)."""
+    """Memory maps ``[capacity, *shape]`` of every field file, each checked to have exactly
+    ``capacity * row_bytes`` bytes first (a ValueError naming the file otherwise)."""
     maps: dict[str, np.ndarray] = {}
     for name, fname in file_names(spec).items():
         f = spec[name]
@@ -328,9 +345,11 @@ def open_maps(path: Path, spec: Spec, capacity: int, mode: str) -> dict[str, np.
         nbytes = capacity * f.row_bytes
         fp = path / fname
         size = fp.stat().st_size if fp.exists() else None
-        if size != nbytes:
-            got = "is missing" if size is None else f"has {size:,} bytes"
-            raise ValueError(f"path: {fp} {got}, expected {nbytes:,} bytes; the storage is damaged")
+        if size != nbytes:  # cut short, grown, or gone: refused before anything is mapped
+            got = "it is missing" if size is None else f"it has {size:,} bytes"
+            raise _damaged(
+                fp, f"{got}, expected {nbytes:,} (capacity {capacity} x {f.row_bytes} B)"
+            )
         if nbytes == 0:
             maps[name] = np.zeros(shape, dtype=np_dtype(f.dtype))
         else:

@@ -63,6 +63,7 @@ class Run:
     train_seconds: float = 0.0
     evals: list[dict[str, Any]] = field(default_factory=list)
     recorder: video.Recorder | None = None  # --video: records an episode per evaluation
+    settings: dict[str, Any] = field(default_factory=dict)  # checked when a checkpoint loads
 
     @property
     def frames_per_collect(self) -> int:
@@ -82,6 +83,7 @@ class Run:
             "agent": self.agent.state_dict(),
             "limiter": self.limiter.state_dict(),
             "evals": self.evals,
+            "settings": self.settings,
         }
 
 
@@ -146,11 +148,13 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
         if threshold is None:
             threshold = DEFAULT_THRESHOLDS.get(cfg.env, info.threshold)
         run = Run(cfg, run_dir, threshold, device, env, rb, agent, limiter, collector, eval_collector)  # fmt: skip
-        run.recorder = recorder
+        run.recorder, run.settings = recorder, checkpoint.settings(cfg, info)
         if state is not None:
-            agent.load_state_dict(state["agent"])
-            limiter.load_state_dict(state["limiter"])
-            run.step, run.train_seconds, run.evals = step, state["train_seconds"], state["evals"]
+            with checkpoint.reading(run_dir / checkpoint.NAME / checkpoint.STATE):
+                agent.load_state_dict(state["agent"])
+                limiter.load_state_dict(state["limiter"])
+                run.train_seconds, run.evals = state["train_seconds"], state["evals"]
+            run.step = step
         undo.pop_all()
     return run
 
@@ -385,8 +389,10 @@ def make_buffer(
 
 
 def restore_buffer(run_dir: Path, learner_device: torch.device) -> ReplayBuffer:
-    """The replay buffer of a run's checkpoint."""
-    return ReplayBuffer.load(run_dir / checkpoint.NAME / "buffer.pt", device=learner_device)
+    """The replay buffer of a run's checkpoint (checked against its manifest)."""
+    path = run_dir / checkpoint.NAME / checkpoint.BUFFER
+    with checkpoint.reading(path):
+        return ReplayBuffer.load(path, device=learner_device)
 
 
 def describe_memory(rb: ReplayBuffer, agent: Any) -> str:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from rlstash.collect.sync import Collector
-from rlstash.train import algos, builders, checkpoint
+from rlstash.train import algos, builders, checkpoint, rundir
 from rlstash.train.config import TrainConfig
 
 
@@ -23,18 +23,18 @@ def evaluate_run(
     for name, value, low in (("episodes", episodes, 1), ("seed", seed, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name}: expected an int >= {low}, got {value!r}; give {low} or more")
-    ckpt = checkpoint.latest(run_dir)
-    if ckpt is None:
+    if checkpoint.latest(run_dir) is None:
         raise ValueError(
             f"run: no complete checkpoint in {run_dir}; train first (rlstash train --name ...)"
         )
     recorder = videos.Recorder(run_dir / "videos") if video else None  # refuses early
-    state = checkpoint.load_state(ckpt)
+    ckpt, state, _ = rundir.read_checkpoint(run_dir)  # manifest, settings, checksum, load
     cfg = TrainConfig(**state["config"])
     info = builders.probe_env(cfg.env, cfg.history)
     cfg, agent_cfg = algos.resolve(cfg, info.act_space)
     agent = builders.make_agent(cfg, agent_cfg, info, torch.device(device))
-    agent.load_state_dict(state["agent"])
+    with checkpoint.reading(ckpt / checkpoint.STATE):
+        agent.load_state_dict(state["agent"])
     n = min(episodes, 10)
     env = builders.make_eval_env(cfg.env, n, cfg.history, recorder)
     try:

@@ -28,7 +28,7 @@ import numpy as np
 from rlstash.agents.base import read_metrics
 from rlstash.diag import telemetry
 from rlstash.finite import NonFiniteError
-from rlstash.train import builders, checkpoint, ray_run
+from rlstash.train import builders, checkpoint, ray_run, rundir
 from rlstash.train.builders import Run, build_run
 from rlstash.train.config import TrainConfig
 from rlstash.train.runlog import RunLog, plot_learning_curve, run_length
@@ -50,44 +50,49 @@ class TrainResult:
 
 
 def train(cfg: TrainConfig | None = None, resume: str | Path | None = None) -> TrainResult:
-    """Run (or resume) training; returns where the results are."""
-    state = None
+    """Run (or resume) training; returns where the results are. The run directory is held by
+    this call alone (:func:`rlstash.train.rundir.hold`); a checkpoint is checked before it is
+    used, and ``cfg`` given with ``resume`` must match the run's settings."""
     if resume is not None:
         run_dir = Path(resume)
-        ckpt = checkpoint.latest(run_dir)
-        if ckpt is None:
+        if checkpoint.latest(run_dir) is None:
             raise ValueError(
                 f"resume: no complete checkpoint in {run_dir}; start a new run instead"
             )
-        state = checkpoint.load_state(ckpt)
-        if ckpt.name != checkpoint.NAME:
-            ckpt.rename(run_dir / checkpoint.NAME)
-        cfg = TrainConfig(**state["config"])
     else:
         cfg = cfg or TrainConfig()
         run_dir = Path(cfg.run_dir) / cfg.run_name
-        if checkpoint.latest(run_dir) is not None and cfg.ray:  # a restarted cluster job
-            return train(resume=ray_run.resume_dir(cfg, run_dir))
-        if checkpoint.latest(run_dir) is not None:
-            raise ValueError(
-                f"run_dir: {run_dir} already holds a run; continue it with --resume {run_dir} or pick another --name"
-            )
-    from rlstash.train import onpolicy  # PPO: collect a rollout, update on it (its own loop)
+    with rundir.hold(run_dir) as held:  # one trainer per run directory, until it ends
+        state = None
+        if resume is None and checkpoint.latest(run_dir) is not None:
+            if not cfg.ray:
+                raise ValueError(
+                    f"run_dir: {run_dir} already holds a run; continue it with --resume {run_dir} or pick another --name"
+                )
+            ray_run.resume_dir(cfg, run_dir)  # a restarted cluster job: the same settings
+            resume, cfg = run_dir, None
+        if resume is not None:
+            ckpt, state, _ = rundir.read_checkpoint(run_dir, cfg)
+            if ckpt.name != checkpoint.NAME:
+                ckpt.rename(run_dir / checkpoint.NAME)
+            cfg = TrainConfig(**state["config"])
+        from rlstash.train import onpolicy  # PPO: collect a rollout, update on it (its own loop)
 
-    run = build_run(cfg, run_dir, state)  # refuses bad settings before writing anything
-    total = run_length(run.cfg.steps, run.step, run.frames_per_collect)  # whole collections
-    log = RunLog(run_dir, total, quiet=run.cfg.quiet, start_step=run.step)
-    try:
-        if isinstance(run, onpolicy.OnPolicyRun):
-            return onpolicy.run_loop(run, log)
-        return _loop(run, log)
-    except NonFiniteError as exc:  # I10: a NaN/inf batch or loss; no checkpoint holds it
-        kept = checkpoint.latest(run_dir)
-        kept_text = f"the checkpoint {kept} predates it" if kept else "no checkpoint was written"
-        raise NonFiniteError(f"{exc}; training stopped at step {run.step}, {kept_text}") from None
-    finally:
-        log.close()
-        run.close()
+        run = build_run(cfg, run_dir, state)  # refuses bad settings before writing anything
+        held.keep = True
+        total = run_length(run.cfg.steps, run.step, run.frames_per_collect)  # whole collections
+        log = RunLog(run_dir, total, quiet=run.cfg.quiet, start_step=run.step)
+        try:
+            if isinstance(run, onpolicy.OnPolicyRun):
+                return onpolicy.run_loop(run, log)
+            return _loop(run, log)
+        except NonFiniteError as exc:  # I10: a NaN/inf batch or loss; no checkpoint holds it
+            kept = checkpoint.latest(run_dir)
+            kept_text = f"the checkpoint {kept} predates it" if kept else "no checkpoint was written"
+            raise NonFiniteError(f"{exc}; training stopped at step {run.step}, {kept_text}") from None
+        finally:
+            log.close()
+            run.close()
 
 
 def _loop(run: Run, log: RunLog) -> TrainResult:

@@ -56,6 +56,7 @@ class OnPolicyRun:
     train_seconds: float = 0.0
     evals: list[dict[str, Any]] = field(default_factory=list)
     recorder: video.Recorder | None = None  # --video: records an episode per evaluation
+    settings: dict[str, Any] = field(default_factory=dict)  # checked when a checkpoint loads
 
     @property
     def frames_per_collect(self) -> int:
@@ -85,6 +86,7 @@ class OnPolicyRun:
             "config": dataclasses.asdict(self.cfg),
             "agent": self.agent.state_dict(),
             "evals": self.evals,
+            "settings": self.settings,
         }
 
 
@@ -151,9 +153,12 @@ def build_onpolicy_run(cfg: Any, run_dir: Path, state: dict[str, Any] | None = N
             threshold = builders.DEFAULT_THRESHOLDS.get(cfg.env, info.threshold)
         run = OnPolicyRun(cfg, run_dir, threshold, device, env, agent, rollout, collector,
                           eval_collector, recorder=recorder)  # fmt: skip
+        run.settings = checkpoint.settings(cfg, info)
         if state is not None:
-            agent.load_state_dict(state["agent"])
-            run.step, run.train_seconds, run.evals = step, state["train_seconds"], state["evals"]
+            with checkpoint.reading(run_dir / checkpoint.NAME / checkpoint.STATE):
+                agent.load_state_dict(state["agent"])
+                run.train_seconds, run.evals = state["train_seconds"], state["evals"]
+            run.step = step
         undo.pop_all()
     return run
 
