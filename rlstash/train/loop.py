@@ -88,8 +88,12 @@ def train(cfg: TrainConfig | None = None, resume: str | Path | None = None) -> T
             return _loop(run, log)
         except NonFiniteError as exc:  # I10: a NaN/inf batch or loss; no checkpoint holds it
             kept = checkpoint.latest(run_dir)
-            kept_text = f"the checkpoint {kept} predates it" if kept else "no checkpoint was written"
-            raise NonFiniteError(f"{exc}; training stopped at step {run.step}, {kept_text}") from None
+            kept_text = (
+                f"the checkpoint {kept} predates it" if kept else "no checkpoint was written"
+            )
+            raise NonFiniteError(
+                f"{exc}; training stopped at step {run.step}, {kept_text}"
+            ) from None
         finally:
             log.close()
             run.close()

@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from rlstash import manifest
+from rlstash.cli import main
 from rlstash.replay import ReplayBuffer
 from rlstash.spec import Spec
 from rlstash.storage import TensorStorage
 from rlstash.train import checkpoint
-from rlstash.cli import main
 from rlstash.train.loop import TrainConfig, train
 
 TINY = {

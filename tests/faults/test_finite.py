@@ -27,12 +27,12 @@ from rlstash.agents.ppo import PPO, PPOConfig
 from rlstash.agents.sac import SAC, SACConfig
 from rlstash.agents.sac_discrete import DiscreteSAC, DiscreteSACConfig
 from rlstash.agents.td3 import TD3, TD3Config
+from rlstash.cli import main
 from rlstash.replay import ReplayBuffer
 from rlstash.spec import Spec
 from rlstash.storage import MemmapStorage, StreamStorage, TensorStorage, TieredStorage
 from rlstash.storage.rollout import RolloutStorage
 from rlstash.train import checkpoint
-from rlstash.cli import main
 from tests.agents.conftest import aot_eager, no_cuda  # noqa: F401 - fixtures
 
 BAD = [float("nan"), float("inf"), float("-inf")]

@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 import torch
 
+from rlstash.cli import main
 from rlstash.manifest import DamagedFile
 from rlstash.replay import ReplayBuffer
 from rlstash.spec import Spec
 from rlstash.storage import MemmapStorage
 from rlstash.train import loop
-from rlstash.cli import main
 from rlstash.train.loop import TrainConfig, train
 from tests.procs import die_with_parent
 
