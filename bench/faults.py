@@ -64,7 +64,7 @@ class Recorder:
         for item in items:
             stem = Path(str(item.fspath)).stem
             doc = (getattr(item, "function", None) and item.function.__doc__) or ""
-            what = " ".join(doc.strip().split("\n\n")[0].split()) or item.name
+            what = _first_sentence(doc) or "(no docstring: the test's name says it)"
             self.scenarios[item.nodeid] = Scenario(CLASSES.get(stem, stem), item.name, what)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -84,6 +84,14 @@ class Recorder:
             sc.outcome = "held"
 
 
+def _first_sentence(doc: str, limit: int = 160) -> str:
+    """The docstring's first sentence, on one line, at most ``limit`` characters."""
+    text = " ".join(doc.strip().split("\n\n")[0].split())
+    cut = text.find(". ")
+    text = text if cut < 0 else text[: cut + 1]
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
 def report(scenarios: list[Scenario], seconds: float) -> str:
     held = sum(s.outcome == "held" for s in scenarios)
     failed = sum(s.outcome == "FAILED" for s in scenarios)
@@ -98,9 +106,12 @@ def report(scenarios: list[Scenario], seconds: float) -> str:
         "| class | scenario | what is done, and what must hold | result | s |",
         "|---|---|---|---|---:|",
     ]
+    previous = None
     for s in sorted(scenarios, key=lambda s: s.group):
         result = s.outcome if not s.detail else f"{s.outcome}: {s.detail}"
-        what = s.what.replace("|", "\\|")
+        what = "〃 (another case of the line above)" if s.what == previous else s.what
+        previous = s.what
+        what = what.replace("|", "\\|")
         lines.append(
             f"| {s.group} | `{s.name}` | {what} | {result.replace('|', '/')} | {s.seconds:.1f} |"
         )
