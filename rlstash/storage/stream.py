@@ -56,11 +56,12 @@ Episodes never get stitched: when envs are reset outside the stream (a collector
 restarted worker) call :meth:`StreamStorage.end_episodes`; after a load or a reopen the
 first ``extend`` does it by itself.
 
-Disk (``backing="disk"``): the slots are a :class:`~rlstash.storage.disk.MemmapStorage` and
-the bookkeeping is saved next to it in ``stream.npz`` (after the data pages are synced,
-atomically) on ``flush``/``close`` and every ``L // 16`` steps per lane. Each save vouches
-for the slots the next steps may overwrite, so a directory left by a killed process reopens
-with exactly the transitions its data still hold.
+Disk (``backing="disk"``): the slots are a :class:`~rlstash.storage.disk.MemmapStorage`, the
+settings are in ``stream.npz`` (written once) and the lanes' bookkeeping is memory-mapped
+beside them with commit records (:mod:`rlstash.storage.stream_commit`, the design of the
+MemmapStorage's): every ``extend``, ``end_episodes`` and ``open_steps`` commit that returned
+is there after a SIGKILL, read back equal; a slot being overwritten when the process died is
+dropped, never read torn.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlstash.atomic import write_atomic
 from rlstash.core import Index, Storage
 from rlstash.device import resolve_device
 from rlstash.indices import as_rows
@@ -87,6 +89,7 @@ from rlstash.storage.frame_backing import FrameBacking, frame_plan_bytes
 from rlstash.storage.frames import FrameCompression, frame_fields
 from rlstash.storage.lanes import LANE_KEYS, TERM, TRUNC, WRITTEN, Lanes
 from rlstash.storage.ram import TensorStorage
+from rlstash.storage.stream_commit import LANES_REC, LaneLog
 from rlstash.storage.stream_direct import StepSlots, open_steps
 from rlstash.storage.stream_layout import (
     LANE_MAJOR,
@@ -159,18 +162,28 @@ class StreamStorage:
         self.obs_keys = obs_names(self.spec)
         self.slot_spec = slot_spec(self.spec, reads.frame_stack, self.stacked_input)
         self.sample_spec = self._sample_spec()
-        self.lanes = Lanes(num_envs, L, reads.n_step, reads.frame_stack)
+        self.lanes: Lanes  # made by _open_backing (on a disk stream's mapped slot arrays)
         self._windows: tuple[int, int, np.ndarray] = (-1, 0, np.zeros(0, bool))
         self._path: Path | None = None
+        self._log: LaneLog | None = None  # disk: the lanes' commit records
+        self._durable = False  # disk: the backing's writes reach the page cache at once
         self._cut = np.zeros(num_envs, bool)  # lanes whose episode ends before the next extend
-        self._margin = max(2, L // 16)  # disk: steps per lane between bookkeeping saves
+        self._margin = max(2, L // 16)  # a tiered backing: steps per lane between its flushes
         self.compression = backing if isinstance(backing, FrameCompression) else None
         self.backing = self._open_backing(backing, device, path, allow_overcommit)
         self.device = torch.device(self.backing.device)
         self._closed = False
 
     # ------------------------------------------------------------------ construction
+    def _new_lanes(self, slots: tuple[np.ndarray, np.ndarray] | None = None) -> Lanes:
+        self.lanes = Lanes(
+            self.num_envs, self.lane_capacity, self.reads.n_step, self.reads.frame_stack, slots
+        )
+        return self.lanes
+
     def _open_backing(self, backing: Any, device: Any, path: Any, overcommit: bool) -> Any:
+        if path is None or isinstance(backing, FrameCompression) or backing == "ram":
+            self._new_lanes()
         if isinstance(backing, FrameCompression):
             return self._frame_backing(backing, device, path, overcommit)
         if backing == "ram":
@@ -236,34 +249,61 @@ class StreamStorage:
         return resume
 
     def _keep_books(self, store: Any, path: Path, resume: bool) -> Any:
-        """Keep ``stream.npz`` beside the data at ``path``; an existing stream resumes."""
-        self._path = path
+        """Keep the lanes' bookkeeping beside the data at ``path``
+        (:mod:`~rlstash.storage.stream_commit`); an existing stream resumes at its last
+        commit (a directory of an older rlstash, whose ``stream.npz`` holds the lanes, is
+        moved over to commit records once)."""
+        from rlstash.storage.disk import MemmapStorage
+
+        self._path, self._durable = path, isinstance(store, MemmapStorage)
+        log = None
         try:
-            if resume:
-                with np.load(path / NPZ) as z:
-                    saved = json.loads(str(z["config"]))
-                    if saved != self._config():
-                        diff = {
-                            k: (saved.get(k), v)
-                            for k, v in self._config().items()
-                            if saved.get(k) != v
-                        }
-                        raise ValueError(
-                            f"path: the stream at {path} was made with other settings: {diff}"
-                        )
-                    self.lanes.load(z)
-                self.lanes.drop_unvouched()
-                self._cut[:] = True  # the envs of the open episodes are gone
-                for stale in path.glob(f".{NPZ}.*"):
-                    stale.unlink(missing_ok=True)
-            write.persist(store, self.lanes, path, self._margin, self._config())
+            saved = self._saved_lanes(path) if resume else None
+            if not (path / LANES_REC).exists():
+                if resume and saved is None:
+                    raise ValueError(
+                        f"path: {path / LANES_REC} is missing: the stream's bookkeeping is gone. "
+                        "Fix: restore the directory from a copy, or delete it and start anew"
+                    )
+                log = LaneLog.create(path, self.num_envs, self.lane_capacity)
+            else:
+                log = LaneLog(path, self.num_envs, self.lane_capacity)
+            lanes = self._new_lanes((log.flags, log.ep))
+            per_lane = log.read() if resume else None
+            if per_lane is not None:
+                lanes.restore(per_lane)
+            elif saved is not None:
+                lanes.load(saved)
+                lanes.drop_unvouched()
+            self._cut[:] = resume  # the envs of the open episodes are gone
+            write.persist(store, lanes, log, self._durable, self._margin)
+            if not resume or saved is not None:  # last: the directory is a whole stream now
+                config = np.array(json.dumps(self._config()))
+                write_atomic(path / NPZ, lambda f: np.savez(f, config=config))
+            for stale in path.glob(f".{NPZ}.*"):
+                stale.unlink(missing_ok=True)
         except BaseException:
+            if log is not None:
+                log.close()
             store.close()
             raise
+        self._log = log
         self._finalizer = weakref.finalize(
-            self, write.persist, store, self.lanes, path, 0, self._config()
+            self, write.close_books, store, self.lanes, log, self._durable
         )
         return store
+
+    def _saved_lanes(self, path: Path) -> dict[str, np.ndarray] | None:
+        """Checks the settings in ``stream.npz``; returns the lanes saved there by an older
+        rlstash (None when they are in commit records)."""
+        with np.load(path / NPZ) as z:
+            saved = json.loads(str(z["config"]))
+            if saved != self._config():
+                diff = {
+                    k: (saved.get(k), v) for k, v in self._config().items() if saved.get(k) != v
+                }
+                raise ValueError(f"path: the stream at {path} was made with other settings: {diff}")
+            return {k: np.array(z[k]) for k in LANE_KEYS} if "count" in z else None
 
     def _sample_spec(self) -> Spec:
         """Per-row fields of :meth:`read`: stacked obs, next obs, flags, discount, extras."""
@@ -421,6 +461,7 @@ class StreamStorage:
             self.lanes.commit_finals(plan)
         self.lanes.end_episodes(sel)
         self._cut[sel] = False
+        write.committed(self)
 
     # ------------------------------------------------------------------ reading
     def read(self, index: Index, out: Batch | None = None) -> Batch:
@@ -486,7 +527,14 @@ class StreamStorage:
         for k in LANE_KEYS:  # every shape checked before anything changes
             if np.shape(state["lanes"][k]) != getattr(check, k).shape:
                 raise ValueError(f"state: lane array {k!r} has the wrong shape")
-        self.backing.load_state_dict(state["backing"])
+        if self._log is not None:  # the slots are replaced: a crash meanwhile leaves none
+            self._log.commit_empty()
+        try:
+            self.backing.load_state_dict(state["backing"])
+        except BaseException:
+            if self._log is not None:
+                self._log.commit(self.lanes)  # nothing changed: the old lanes count again
+            raise
         self.lanes.load(state["lanes"])
         self._cut[:] = True
         if self._path is not None:
@@ -521,10 +569,11 @@ class StreamStorage:
         return store
 
     def flush(self) -> None:
-        """Disk: sync the data, then save the bookkeeping atomically (``stream.npz``)."""
+        """Disk: sync the data and the lanes, then commit them with a synced record (what a
+        power loss keeps)."""
         self._check_open()
-        if self._path is not None:
-            write.persist(self.backing, self.lanes, self._path, self._margin, self._config())
+        if self._log is not None:
+            write.persist(self.backing, self.lanes, self._log, self._durable, self._margin)
         elif hasattr(self.backing, "flush"):
             self.backing.flush()
 
@@ -560,7 +609,7 @@ def _tiered_factory(
     state: Mapping[str, Any], device: str | torch.device | None
 ) -> Callable[[Spec, int], Storage]:
     """Reopens a TieredStorage's disk cold tier under an empty hot tier (on ``device`` or the
-    saved one); the stream's ``stream.npz`` beside it says which slots hold data."""
+    saved one); the stream's lanes beside it say which slots hold data."""
     from rlstash.storage.disk import MemmapStorage
     from rlstash.storage.tiered import TieredStorage
 

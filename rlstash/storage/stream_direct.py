@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from rlstash.storage.ram import numpy_view
-from rlstash.storage.stream_write import host_flags, reserve
+from rlstash.storage.stream_write import committed, host_flags, reserve
 
 if TYPE_CHECKING:
     from rlstash.storage.stream import StreamStorage
@@ -82,6 +82,7 @@ class StepSlots:
             raise RuntimeError("StepSlots.commit: the stream was written since open_steps")
         self._open = False
         store.lanes.commit(plan)
+        committed(store)  # a disk stream commits the lanes: the steps survive a crash now
         return store.lanes.written_order(plan)
 
 
@@ -130,7 +131,7 @@ def open_steps(store: StreamStorage, T: int) -> StepSlots | None:
     start = lanes.count % L
     if not (start == start[0]).all():  # lanes drifted (a final obs of end_episodes)
         return None
-    reserve(store, np.arange(store.num_envs), T)  # disk: the save vouches for these slots
+    reserve(store, None, T)  # disk: a commit vouches for these slots
     lanes.vacate(T)
     return StepSlots(store, T, int(start[0]))
 

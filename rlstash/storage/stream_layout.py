@@ -116,9 +116,9 @@ def convert_lane_major(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
         raise ValueError(f"dst: {dst} is not empty; give a new or an empty directory")
     with np.load(src / NPZ) as z:
         cfg = json.loads(str(z["config"]))
+        if saved_layout(cfg) != LANE_MAJOR:
+            raise ValueError(f"src: the stream at {src} is already {saved_layout(cfg)!r}")
         arrays = {k: np.array(z[k]) for k in LANE_KEYS}
-    if saved_layout(cfg) != LANE_MAJOR:
-        raise ValueError(f"src: the stream at {src} is already {saved_layout(cfg)!r}")
     N, cap = int(cfg["num_envs"]), int(cfg["capacity"])
     L = cap // N
     kw = dict(autoreset=cfg["autoreset"], reads=ReadSpec(**cfg["reads"]))
