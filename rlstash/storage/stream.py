@@ -66,7 +66,6 @@ dropped, never read torn.
 
 from __future__ import annotations
 
-import json
 import os
 import weakref
 from collections.abc import Callable, Mapping
@@ -77,27 +76,28 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlstash.atomic import write_atomic
 from rlstash.core import Index, Storage
 from rlstash.device import resolve_device
 from rlstash.indices import as_rows
 from rlstash.spec import Batch, Field, Spec
 from rlstash.storage import register_kind
+from rlstash.storage import stream_commit as books
 from rlstash.storage import stream_read as read_path
 from rlstash.storage import stream_write as write
-from rlstash.storage.frame_backing import FrameBacking, frame_plan_bytes
+from rlstash.storage.frame_backing import FrameBacking
 from rlstash.storage.frames import FrameCompression, frame_fields
 from rlstash.storage.lanes import LANE_KEYS, TERM, TRUNC, WRITTEN, Lanes
 from rlstash.storage.ram import TensorStorage
-from rlstash.storage.stream_commit import LANES_REC, LaneLog
+from rlstash.storage.stream_commit import NPZ, LaneLog
 from rlstash.storage.stream_direct import StepSlots, open_steps
 from rlstash.storage.stream_layout import (
     LANE_MAJOR,
     LAYOUT,
     convert_state,
-    refuse_lane_major,
     saved_layout,
 )
+from rlstash.storage.stream_plan import bookkeeping_bytes, naive_bytes, stream_plan
+from rlstash.storage.stream_plan import plan_bytes as stream_plan_bytes
 from rlstash.storage.stream_spec import (
     ReadSpec,
     obs_names,
@@ -105,7 +105,6 @@ from rlstash.storage.stream_spec import (
     step_spec,
     transition_step,
 )
-from rlstash.storage.stream_write import NPZ
 
 BOOKKEEPING_BYTES = 3  # per slot: flags, episode position (clipped), valid
 
@@ -170,140 +169,82 @@ class StreamStorage:
         self._cut = np.zeros(num_envs, bool)  # lanes whose episode ends before the next extend
         self._margin = max(2, L // 16)  # a tiered backing: steps per lane between its flushes
         self.compression = backing if isinstance(backing, FrameCompression) else None
-        self.backing = self._open_backing(backing, device, path, allow_overcommit)
+        path, resume = self._checked_place(backing, device, path)
+        self.plan = stream_plan(  # checked before anything is allocated (None: a factory)
+            self.slot_spec, num_envs, self.capacity, backing, device, path, resume,
+            allow_overcommit,
+        )  # fmt: skip
+        self.backing = self._open_backing(backing, device, path, resume, allow_overcommit)
         self.device = torch.device(self.backing.device)
         self._closed = False
 
     # ------------------------------------------------------------------ construction
+    def _checked_place(self, backing: Any, device: Any, path: Any) -> tuple[Path | None, bool]:
+        """Refuse a backing, device and path that do not go together; returns the absolute
+        path (or None) and whether a stream there resumes (refusing what is no stream)."""
+        dev = resolve_device(device, "device", allow_none=False)
+        if isinstance(backing, FrameCompression):
+            if path is not None or dev.type != "cpu":
+                raise ValueError(
+                    f"backing: compressed frames live in host RAM (no path, device 'cpu'), got "
+                    f"path={path!r}, device={str(device)!r}; deliver batches to a GPU with "
+                    "ReplayBuffer(device=...)"
+                )
+            if not frame_fields(self.slot_spec, self.obs_keys):
+                raise ValueError(
+                    f"backing: FrameCompression compresses uint8 pixel obs fields (2+ dims), but "
+                    f"the obs fields are {[self.slot_spec[k].describe() for k in self.obs_keys]}; "
+                    "use backing='ram'"
+                )
+        elif backing == "disk":
+            if path is None:
+                raise ValueError("path: backing='disk' needs a directory path, got None")
+            if dev.type != "cpu":
+                raise ValueError(
+                    f"device: a disk backing lives on the CPU, got {str(device)!r}; deliver "
+                    "batches to a device with ReplayBuffer(device=...)"
+                )
+        elif backing != "ram" and not callable(backing):
+            raise ValueError(f"backing: expected 'ram', 'disk' or a factory, got {backing!r}")
+        if path is None or backing == "ram":
+            return None, False
+        path = Path(path).absolute()
+        return path, books.check_dir(path)
+
     def _new_lanes(self, slots: tuple[np.ndarray, np.ndarray] | None = None) -> Lanes:
         self.lanes = Lanes(
             self.num_envs, self.lane_capacity, self.reads.n_step, self.reads.frame_stack, slots
         )
         return self.lanes
 
-    def _open_backing(self, backing: Any, device: Any, path: Any, overcommit: bool) -> Any:
-        if path is None or isinstance(backing, FrameCompression) or backing == "ram":
-            self._new_lanes()
+    def _open_backing(
+        self, backing: Any, device: Any, path: Path | None, resume: bool, overcommit: bool
+    ) -> Any:
         if isinstance(backing, FrameCompression):
-            return self._frame_backing(backing, device, path, overcommit)
+            keys = frame_fields(self.slot_spec, self.obs_keys)
+            return FrameBacking(self.slot_spec, self._new_lanes(), backing, keys, overcommit)
+        if path is None:
+            self._new_lanes()
         if backing == "ram":
             return TensorStorage(self.slot_spec, self.capacity, device, overcommit)
         if backing == "disk":
-            if path is None:
-                raise ValueError("path: backing='disk' needs a directory path, got None")
-            if resolve_device(device, "device", allow_none=False).type != "cpu":
-                raise ValueError(
-                    f"device: a disk backing lives on the CPU, got {str(device)!r}; deliver "
-                    "batches to a device with ReplayBuffer(device=...)"
-                )
             from rlstash.storage.disk import MemmapStorage
 
-            path = Path(path).absolute()
-            resume = self._check_dir(path)
             store = MemmapStorage(self.slot_spec, self.capacity, path, overcommit)
-            return self._keep_books(store, path, resume)
-        if not callable(backing):
-            raise ValueError(f"backing: expected 'ram', 'disk' or a factory, got {backing!r}")
-        resume = False if path is None else self._check_dir(Path(path).absolute())
-        store = backing(self.slot_spec, self.capacity)
-        if getattr(store, "capacity", None) != self.capacity or store.spec != self.slot_spec:
-            raise ValueError(
-                f"backing: the factory must return a storage of spec {self.slot_spec!r} and "
-                f"capacity {self.capacity}, got {store!r}"
-            )
-        return store if path is None else self._keep_books(store, Path(path).absolute(), resume)
-
-    def _frame_backing(
-        self, comp: FrameCompression, device: Any, path: Any, overcommit: bool
-    ) -> FrameBacking:
-        """Compressed frames in RAM: checks that they apply here, then plans and allocates."""
-        if path is not None or resolve_device(device, "device", allow_none=False).type != "cpu":
-            raise ValueError(
-                f"backing: compressed frames live in host RAM (no path, device 'cpu'), got "
-                f"path={path!r}, device={str(device)!r}; deliver batches to a GPU with "
-                "ReplayBuffer(device=...)"
-            )
-        keys = frame_fields(self.slot_spec, self.obs_keys)
-        if not keys:
-            raise ValueError(
-                f"backing: FrameCompression compresses uint8 pixel obs fields (2+ dims), but "
-                f"the obs fields are {[self.slot_spec[k].describe() for k in self.obs_keys]}; "
-                "use backing='ram'"
-            )
-        return FrameBacking(self.slot_spec, self.lanes, comp, keys, overcommit)
-
-    def _check_dir(self, path: Path) -> bool:
-        """True when ``path`` holds a stream to resume; refuses a plain MemmapStorage and a
-        stream saved in another row layout (before anything there is opened)."""
-        from rlstash.storage.disk_layout import META
-
-        resume = (path / NPZ).exists()
-        if resume:
-            with np.load(path / NPZ) as z:
-                refuse_lane_major(path, json.loads(str(z["config"])))
-        if (path / META).exists() and not resume:
-            raise ValueError(
-                f"path: {path} holds a MemmapStorage without {NPZ}: it is not a StreamStorage "
-                "directory; use an empty or a new directory"
-            )
-        return resume
-
-    def _keep_books(self, store: Any, path: Path, resume: bool) -> Any:
-        """Keep the lanes' bookkeeping beside the data at ``path``
-        (:mod:`~rlstash.storage.stream_commit`); an existing stream resumes at its last
-        commit (a directory of an older rlstash, whose ``stream.npz`` holds the lanes, is
-        moved over to commit records once)."""
-        from rlstash.storage.disk import MemmapStorage
-
-        self._path, self._durable = path, isinstance(store, MemmapStorage)
-        log = None
-        try:
-            saved = self._saved_lanes(path) if resume else None
-            if not (path / LANES_REC).exists():
-                if resume and saved is None:
-                    raise ValueError(
-                        f"path: {path / LANES_REC} is missing: the stream's bookkeeping is gone. "
-                        "Fix: restore the directory from a copy, or delete it and start anew"
-                    )
-                log = LaneLog.create(path, self.num_envs, self.lane_capacity)
-            else:
-                log = LaneLog(path, self.num_envs, self.lane_capacity)
-            lanes = self._new_lanes((log.flags, log.ep))
-            per_lane = log.read() if resume else None
-            if per_lane is not None:
-                lanes.restore(per_lane)
-            elif saved is not None:
-                lanes.load(saved)
-                lanes.drop_unvouched()
-            self._cut[:] = resume  # the envs of the open episodes are gone
-            write.persist(store, lanes, log, self._durable, self._margin)
-            if not resume or saved is not None:  # last: the directory is a whole stream now
-                config = np.array(json.dumps(self._config()))
-                write_atomic(path / NPZ, lambda f: np.savez(f, config=config))
-            for stale in path.glob(f".{NPZ}.*"):
-                stale.unlink(missing_ok=True)
-        except BaseException:
-            if log is not None:
-                log.close()
-            store.close()
-            raise
-        self._log = log
+        else:
+            store = backing(self.slot_spec, self.capacity)
+            if getattr(store, "capacity", None) != self.capacity or store.spec != self.slot_spec:
+                raise ValueError(
+                    f"backing: the factory must return a storage of spec {self.slot_spec!r} and "
+                    f"capacity {self.capacity}, got {store!r}"
+                )
+            if path is None:
+                return store
+        self._log = books.open_books(self, store, path, resume)  # sets self.lanes
         self._finalizer = weakref.finalize(
-            self, write.close_books, store, self.lanes, log, self._durable
+            self, books.close_books, store, self.lanes, self._log, self._durable
         )
         return store
-
-    def _saved_lanes(self, path: Path) -> dict[str, np.ndarray] | None:
-        """Checks the settings in ``stream.npz``; returns the lanes saved there by an older
-        rlstash (None when they are in commit records)."""
-        with np.load(path / NPZ) as z:
-            saved = json.loads(str(z["config"]))
-            if saved != self._config():
-                diff = {
-                    k: (saved.get(k), v) for k, v in self._config().items() if saved.get(k) != v
-                }
-                raise ValueError(f"path: the stream at {path} was made with other settings: {diff}")
-            return {k: np.array(z[k]) for k in LANE_KEYS} if "count" in z else None
 
     def _sample_spec(self) -> Spec:
         """Per-row fields of :meth:`read`: stacked obs, next obs, flags, discount, extras."""
@@ -334,7 +275,9 @@ class StreamStorage:
     @property
     def nbytes(self) -> int:
         """Bytes of the backing data plus the per-slot bookkeeping."""
-        return self.backing.nbytes + _bookkeeping_bytes(self.num_envs, self.capacity)
+        return self.backing.nbytes + bookkeeping_bytes(
+            self.num_envs, self.capacity, on_disk=self._log is not None
+        )
 
     @property
     def size(self) -> int:
@@ -385,16 +328,7 @@ class StreamStorage:
         stored field, plus the host-RAM bookkeeping of the lanes (3 B per slot, 42 per lane).
         With ``compression`` the frame fields are its arena and index instead (sized by its
         ``budget``; see :mod:`rlstash.storage.frames`)."""
-        slots = capacity // num_envs * num_envs
-        sspec = slot_spec(spec, frame_stack, stacked_input)
-        out = sspec.field_nbytes(slots)
-        if compression is not None:
-            keys = frame_fields(sspec, obs_names(sspec))
-            for k in keys:
-                del out[k]
-            out.update(frame_plan_bytes(sspec, keys, compression, num_envs, slots // num_envs))
-        out["bookkeeping"] = _bookkeeping_bytes(num_envs, slots)
-        return out
+        return stream_plan_bytes(spec, capacity, frame_stack, stacked_input, num_envs, compression)
 
     @staticmethod
     def naive_bytes(
@@ -402,13 +336,7 @@ class StreamStorage:
     ) -> dict[str, int]:
         """Bytes of a naive buffer of ``capacity`` transitions that stores ``obs`` and
         ``next_obs`` (``frame_stack`` frames each), action, reward, flags and extras."""
-        spec, out = step_spec(spec), {}
-        for name, f in spec.items():
-            stack = frame_stack if name in obs_names(spec) and not stacked_input else 1
-            out[name] = f.row_bytes * stack * capacity
-            if name in obs_names(spec):
-                out["next_" + name] = out[name]
-        return out
+        return naive_bytes(spec, capacity, frame_stack, stacked_input)
 
     # ------------------------------------------------------------------ writing
     def extend(self, batch: Mapping[str, Any]) -> np.ndarray:
@@ -619,11 +547,6 @@ def _tiered_factory(
         return TieredStorage(hot, cold, block=int(state["block"]))
 
     return make
-
-
-def _bookkeeping_bytes(num_envs: int, slots: int) -> int:
-    """Host bytes of the lanes (:meth:`Lanes.plan_bytes`) plus the storage's ``_cut`` mask."""
-    return Lanes.plan_bytes(num_envs, slots // num_envs) + num_envs
 
 
 register_kind("StreamStorage", lambda state, device: StreamStorage.from_state_dict(state, device))

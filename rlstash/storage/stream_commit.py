@@ -34,15 +34,21 @@ tier) commits only when it is flushed, vouching for ``margin`` more slots per la
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rlstash.atomic import write_atomic
 from rlstash.storage.disk_layout import COMMIT_BYTES, Commit, CommitLog, create_commit_file
 
+if TYPE_CHECKING:
+    from rlstash.storage.stream import StreamStorage
+
+NPZ = "stream.npz"  # the stream's settings (and, written by rlstash before, its lanes)
 LANES_BIN = "lanes.bin"
 LANES_REC = "lanes.rec"
 PER_LANE = ("count", "floor", "next_ep", "reserved", "pending")  # rows of a copy
@@ -163,4 +169,110 @@ class LaneLog:
         self._map = None
 
 
-__all__ = ["LANES_BIN", "LANES_REC", "LaneLog", "disk_bytes", "lanes_file_bytes"]
+def persist(backing: Any, lanes: Any, log: LaneLog, durable: bool, margin: int = 0) -> None:
+    """Sync the data pages, then commit the lanes with a synced record (flush, close); a
+    backing that is not ``durable`` (data on disk only once flushed) vouches for ``margin``
+    more slots per lane."""
+    try:
+        backing.flush()  # msync: data reach the disk before the record that counts them
+    except RuntimeError:
+        if not getattr(backing, "_closed", False):
+            raise  # a closed MemmapStorage flushed itself when it closed
+    if durable:
+        np.maximum(lanes.reserved, lanes.count, out=lanes.reserved)
+    else:
+        lanes.reserved[:] = lanes.count + margin
+    log.commit(lanes, synced=True)
+
+
+def close_books(backing: Any, lanes: Any, log: LaneLog, durable: bool) -> None:
+    """:func:`persist`, then release the lanes' files (a stream's close or finalizer)."""
+    try:
+        persist(backing, lanes, log, durable)
+    finally:
+        log.close()
+
+
+# ----------------------------------------------------------------------------- the directory
+def check_dir(path: Path) -> bool:
+    """True when ``path`` holds a stream to resume; refuses a plain MemmapStorage and a
+    stream saved in another row layout (before anything there is opened)."""
+    from rlstash.storage.disk_layout import META
+    from rlstash.storage.stream_layout import refuse_lane_major
+
+    resume = (path / NPZ).exists()
+    if resume:
+        with np.load(path / NPZ) as z:
+            refuse_lane_major(path, json.loads(str(z["config"])))
+    if (path / META).exists() and not resume:
+        raise ValueError(
+            f"path: {path} holds a MemmapStorage without {NPZ}: it is not a StreamStorage "
+            "directory; use an empty or a new directory"
+        )
+    return resume
+
+
+def open_books(stream: StreamStorage, store: Any, path: Path, resume: bool) -> LaneLog:
+    """The lanes' bookkeeping of ``stream`` beside its data ``store`` at ``path``: made new,
+    or (``resume``) reopened at the last commit; a directory of an older rlstash, whose
+    ``stream.npz`` holds the lanes, is moved over to commit records once. Sets the stream's
+    ``lanes`` (on the mapped slot arrays) and commits them synced; closes ``store`` on error."""
+    from rlstash.storage.disk import MemmapStorage
+
+    stream._path, stream._durable = path, isinstance(store, MemmapStorage)
+    N, L, log = stream.num_envs, stream.lane_capacity, None
+    try:
+        saved = _saved_lanes(path, stream._config()) if resume else None
+        if not (path / LANES_REC).exists():
+            if resume and saved is None:
+                raise _damaged(path / LANES_REC, "it is missing (the lanes' commit records)")
+            log = LaneLog.create(path, N, L)
+        else:
+            log = LaneLog(path, N, L)
+        lanes = stream._new_lanes((log.flags, log.ep))
+        per_lane = log.read() if resume else None
+        if per_lane is not None:
+            lanes.restore(per_lane)
+        elif saved is not None:
+            lanes.load(saved)
+            lanes.drop_unvouched()
+        stream._cut[:] = resume  # the envs of the open episodes are gone
+        persist(store, lanes, log, stream._durable, stream._margin)
+        if not resume or saved is not None:  # last: the directory is a whole stream now
+            config = np.array(json.dumps(stream._config()))
+            write_atomic(path / NPZ, lambda f: np.savez(f, config=config))
+        for stale in path.glob(f".{NPZ}.*"):
+            stale.unlink(missing_ok=True)
+    except BaseException:
+        if log is not None:
+            log.close()
+        store.close()
+        raise
+    return log
+
+
+def _saved_lanes(path: Path, config: dict[str, Any]) -> dict[str, np.ndarray] | None:
+    """Checks the settings in ``stream.npz`` against ``config``; returns the lanes saved there
+    by an older rlstash (None when they are in commit records)."""
+    from rlstash.storage.lanes import LANE_KEYS
+
+    with np.load(path / NPZ) as z:
+        saved = json.loads(str(z["config"]))
+        if saved != config:
+            diff = {k: (saved.get(k), v) for k, v in config.items() if saved.get(k) != v}
+            raise ValueError(f"path: the stream at {path} was made with other settings: {diff}")
+        return {k: np.array(z[k]) for k in LANE_KEYS} if "count" in z else None
+
+
+__all__ = [
+    "LANES_BIN",
+    "LANES_REC",
+    "NPZ",
+    "LaneLog",
+    "check_dir",
+    "close_books",
+    "disk_bytes",
+    "lanes_file_bytes",
+    "open_books",
+    "persist",
+]

@@ -107,7 +107,7 @@ def convert_lane_major(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     from rlstash.storage.disk_layout import open_maps
     from rlstash.storage.lanes import LANE_KEYS
     from rlstash.storage.stream import ReadSpec, StreamStorage
-    from rlstash.storage.stream_write import NPZ
+    from rlstash.storage.stream_commit import NPZ
 
     src, dst = Path(src).absolute(), Path(dst).absolute()
     if not (src / NPZ).exists():

@@ -23,13 +23,11 @@ import numpy as np
 import torch
 
 from rlstash.spec import Batch, Spec
-from rlstash.storage.lanes import Lanes
-from rlstash.storage.stream_commit import LaneLog
+from rlstash.storage.stream_commit import persist
 
 if TYPE_CHECKING:
     from rlstash.storage.stream import StreamStorage
 
-NPZ = "stream.npz"
 RESTARTED = "restarted"  # optional extend field: the env's worker restarted during this step
 
 
@@ -223,30 +221,6 @@ def write_restarted(
             store.lanes.drop_restarted(sel[done], back)
             store.lanes.drop_restarted(sel[~done], 1)
     return np.concatenate(written)
-
-
-def persist(backing: Any, lanes: Lanes, log: LaneLog, durable: bool, margin: int = 0) -> None:
-    """Sync the data pages, then commit the lanes with a synced record (flush, close); a
-    backing that is not ``durable`` (data on disk only once flushed) vouches for ``margin``
-    more slots per lane."""
-    try:
-        backing.flush()  # msync: data reach the disk before the record that counts them
-    except RuntimeError:
-        if not getattr(backing, "_closed", False):
-            raise  # a closed MemmapStorage flushed itself when it closed
-    if durable:
-        np.maximum(lanes.reserved, lanes.count, out=lanes.reserved)
-    else:
-        lanes.reserved[:] = lanes.count + margin
-    log.commit(lanes, synced=True)
-
-
-def close_books(backing: Any, lanes: Lanes, log: LaneLog, durable: bool) -> None:
-    """:func:`persist`, then release the lanes' files (a stream's close or finalizer)."""
-    try:
-        persist(backing, lanes, log, durable)
-    finally:
-        log.close()
 
 
 def leading(value: Any, ndim: int, name: str) -> tuple[int, ...]:
