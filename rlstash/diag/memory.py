@@ -16,7 +16,10 @@ parked priorities, ~19 B per row)::
              sampler=PrioritizedSampler())
 
 The plan covers what grows with the capacity and is kept; scratch made per sampled batch
-(``O(batch_size)``: output tensors, index arrays) is not part of it.
+(``O(batch_size)``: output tensors, index arrays) is not part of it. Whatever else is sized by
+a setting (a sampler's or a tiered storage's per-row arrays, a rollout, an agent's networks)
+goes through :func:`check_needs` before it is allocated: one refusal naming the numbers and
+the fix.
     print(p.format_table())
     p.check()            # raises InsufficientMemoryError naming numbers and the fix
 

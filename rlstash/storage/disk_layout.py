@@ -184,6 +184,8 @@ class CommitLog:
 
     A slot holds ``seq`` first and again in its last 8 bytes; a record counts only when both
     match, so a write cut short (the stores run in order: head, extra, tail) never counts.
+    A disk StreamStorage keeps its lanes' records in ``lanes.rec`` the same way
+    (:mod:`rlstash.storage.stream_commit`: the record in slot ``i`` names the lanes' copy ``i``).
     """
 
     def __init__(self, path: Path) -> None:

@@ -501,7 +501,7 @@ class StreamStorage:
         power loss keeps)."""
         self._check_open()
         if self._log is not None:
-            write.persist(self.backing, self.lanes, self._log, self._durable, self._margin)
+            books.persist(self.backing, self.lanes, self._log, self._durable, self._margin)
         elif hasattr(self.backing, "flush"):
             self.backing.flush()
 

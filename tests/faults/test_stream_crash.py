@@ -348,3 +348,81 @@ def test_sigkill_at_random_moments_keeps_every_completed_operation(tmp_path):
         done = _done(path)
         assert done > 50, "the writer should have completed some operations"
         check_reopened(name, path, seed, done, exact=False)
+
+
+# ----------------------------------------------------------------------------- the directory
+def _filled(path: Path, name: str = "ring", count: int = 300) -> StreamStorage:
+    store = open_stream(name, path)
+    source = ops(name, 5)
+    for _ in range(count):
+        apply(store, next(source))
+    return store
+
+
+def test_a_directory_of_an_older_rlstash_is_moved_to_commit_records_once(tmp_path):
+    """Before commit records, ``stream.npz`` held the lanes (saved on flush and every L/16
+    steps); such a directory reopens with what its save vouched for, then commits."""
+    import json
+
+    from rlstash.storage.stream_commit import LANES_BIN, LANES_REC, NPZ
+
+    path = tmp_path / "old"
+    store = _filled(path)
+    store.close()
+    with open_stream("ring", path) as ref:  # what the directory holds
+        want = replay("ring", 5, 300)
+        assert_same(ref, want)
+        arrays = {k: v.copy() for k, v in ref.lanes.arrays().items()}
+        config = json.dumps(ref._config())
+    np.savez(path / NPZ, config=np.array(config), **arrays)  # as rlstash wrote it before
+    (path / LANES_BIN).unlink()
+    (path / LANES_REC).unlink()
+    with open_stream("ring", path) as again:
+        assert_same(again, want)
+    with np.load(path / NPZ) as z:
+        assert sorted(z.files) == ["config"]  # the lanes are in commit records now
+    with open_stream("ring", path) as again:
+        assert_same(again, want)
+
+
+@pytest.mark.parametrize("damage", ["truncated lanes.bin", "lanes out of range", "no lanes.rec"])
+def test_damaged_lane_files_are_refused_naming_the_file(tmp_path, damage):
+    from rlstash.storage.stream_commit import LANES_BIN, LANES_REC, lanes_file_bytes
+
+    path = tmp_path / "s"
+    _filled(path).close()
+    if damage == "truncated lanes.bin":
+        os.truncate(path / LANES_BIN, 100)
+        says = rf"{LANES_BIN} is damaged: it has 100 bytes, expected"
+    elif damage == "lanes out of range":
+        size = lanes_file_bytes(N, SCENARIOS["ring"]["L"])
+        copies = np.memmap(path / LANES_BIN, np.uint8, "r+", shape=(size,))
+        copies[-4 * 5 * N * 8 :] = 0xFF  # every committed copy: count -1
+        copies.flush()
+        del copies
+        says = rf"{LANES_BIN} is damaged: the lanes of record \d in {LANES_REC} are out of range"
+    else:
+        (path / LANES_REC).unlink()
+        says = rf"{LANES_REC} is damaged: it is missing"
+    with pytest.raises(ValueError, match=says) as info:
+        open_stream("ring", path)
+    assert "Fix: restore the directory from a copy" in str(info.value)
+
+
+def test_a_disk_filled_after_creation_cannot_fail_a_commit_flush_or_close(small_fs):
+    """Every file is reserved at creation and commits store into it: a full disk later
+    changes nothing (before: flush rewrote stream.npz, ENOSPC)."""
+    from tests.test_durability import _fill
+
+    path = small_fs / "s"
+    store = _filled(path, "frames", 200)
+    _fill(small_fs)
+    source = ops("frames", 5)
+    for _ in range(200):
+        next(source)
+    for _ in range(100):
+        apply(store, next(source))
+    store.flush()
+    store.close()
+    with open_stream("frames", path) as again:
+        assert_same(again, replay("frames", 5, 300))
