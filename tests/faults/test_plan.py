@@ -119,12 +119,20 @@ def test_an_agent_beyond_memory_is_refused_before_its_networks_are_built(which):
         assert "[2, 1,000,000, 1,000,000]" in text and "net_arch (now 1000000,1000000)" in text
 
 
-def test_agents_that_fit_are_built_as_before():
-    from rlstash.agents import DQN
+def test_the_dry_run_changes_nothing_for_an_agent_that_fits():
+    """The networks are those a build without the dry run makes; no RNG state moved."""
+    from rlstash.agents import DQN, planning
 
-    a, b = DQN((4,), 6, device="cpu"), DQN((4,), 6, device="cpu")  # the dry run draws nothing
-    for p, q in zip(a.nets["q"].parameters(), b.nets["q"].parameters()):
-        assert torch.equal(p, q) and p.device.type == "cpu"
+    rng = torch.get_rng_state()
+    a = DQN((4,), 6, device="cpu")
+    assert torch.equal(torch.get_rng_state(), rng)
+    token = planning._CHECKED.set(True)  # as if checked already: no dry run
+    try:
+        b = DQN((4,), 6, device="cpu")
+    finally:
+        planning._CHECKED.reset(token)
+    for (name, p), q in zip(a.nets["q"].named_parameters(), b.nets["q"].parameters()):
+        assert torch.equal(p, q) and p.device.type == "cpu", name
 
 
 def _train(argv: list[str], tmp_path: Path, capsys: Any) -> tuple[int, str]:
