@@ -162,7 +162,7 @@ def _count(agent: Any, nets: dict[str, nn.Module], policy_names: tuple[str, ...]
     config = getattr(agent, "config", None)
     settings = {
         k: getattr(config, k)
-        for k in ("net_arch", "action_head", "action_embed_dim", "history_hidden")
+        for k in ("net_arch", "action_head", "action_embed_dim")
         if hasattr(config, k)
     }
     return AgentMemory(
