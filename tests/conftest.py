@@ -17,6 +17,12 @@ import subprocess
 
 import pytest
 import torch
+import torch.utils._device
+
+# torch's device context (``with torch.device("meta")``: agents count their networks in a dry
+# run on it) knows the factories it redirects by identity, cached on first use: cache the real
+# ones now, before the tripwire below wraps torch.empty & co. for a test.
+torch.utils._device._device_constructors()
 
 # Agents default to compile="auto": compiling once their eager updates took 60 s. The suite
 # (and the trainers its tests start: they inherit this) never compiles by surprise; tests of

@@ -64,7 +64,7 @@ import torch
 from torch import nn
 
 from rlstash import finite
-from rlstash.agents import compiled
+from rlstash.agents import compiled, planning
 from rlstash.agents.actions import ActionMask
 from rlstash.agents.compiled import FlatAdam, Functional, lerp_, polyak_pairs
 from rlstash.agents.loss_watch import LossWatch
@@ -254,7 +254,7 @@ def check_batch(
 def seeded_init(seed: int) -> Iterator[None]:
     """Build networks with torch's CPU generator seeded by ``seed``, restoring it afterwards
     (nn.Module initializers draw from the global CPU generator; CUDA is never touched)."""
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), planning.meta_if_dry_run():
         torch.default_generator.manual_seed(int(seed))
         yield
 
@@ -346,6 +346,13 @@ class AgentBase(LossWatch):
     algo = "agent"
     value_check_every = 100  # updates between value checks of the batch (they read it back)
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Each agent's constructor first counts its networks in a dry run and refuses what
+        does not fit before allocating (:mod:`rlstash.agents.planning`)."""
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = planning.planned(cls.__dict__["__init__"])  # type: ignore[method-assign]
+
     def _values_due(self) -> bool:
         """Whether this update checks the batch's values: the first, then every
         ``value_check_every`` (each check reads the batch back to the host)."""
@@ -371,6 +378,7 @@ class AgentBase(LossWatch):
     ) -> None:
         """``groups`` maps a name to a function building its :class:`FlatAdam` (a flat vector
         and fused Adam over some of ``nets``) once the networks are on ``device``."""
+        planning.stop_if_dry_run(self, nets, policy_names)  # a dry run ends here: networks counted
         self.nets = {name: net.to(self.device) for name, net in nets.items()}
         self.policy_names = policy_names
         self._group_builders = groups

@@ -16,7 +16,10 @@ parked priorities, ~19 B per row)::
              sampler=PrioritizedSampler())
 
 The plan covers what grows with the capacity and is kept; scratch made per sampled batch
-(``O(batch_size)``: output tensors, index arrays) is not part of it.
+(``O(batch_size)``: output tensors, index arrays) is not part of it. Whatever else is sized by
+a setting (a sampler's or a tiered storage's per-row arrays, a rollout, an agent's networks)
+goes through :func:`check_needs` before it is allocated: one refusal naming the numbers and
+the fix.
     print(p.format_table())
     p.check()            # raises InsufficientMemoryError naming numbers and the fix
 
@@ -187,30 +190,63 @@ def ram_available() -> int:
 _CHECK_FROM = 1 << 20  # host state below this many bytes is allocated without asking
 
 
+def check_needs(
+    what: str,
+    needs: Mapping[str, Mapping[str, int]],
+    fix: str,
+    path: str | os.PathLike | None = None,
+    margin: float = 0.05,
+    allow_overcommit: bool = False,
+) -> None:
+    """Refuse ``needs`` (``{place: {item: bytes}}``: what ``what`` is about to allocate)
+    before it is allocated when a place does not have the bytes free: one
+    :class:`InsufficientMemoryError` line naming the place, the bytes needed (by item) and
+    free, and ``fix``. Places as in :func:`plan` (a device, ``"ram"``, ``"disk"`` under
+    ``path``); below 1 MiB a place is not measured. The check the storages' and samplers'
+    bookkeeping and the agents' networks go through (:func:`plan` covers storages' data)."""
+    for place, items in needs.items():
+        where = place_of(place)
+        needed = sum(items.values())
+        if needed < _CHECK_FROM or allow_overcommit:
+            continue
+        free, _note = _free_of(where, path)
+        if free is None:
+            continue
+        keep = 0.0 if where == "disk" else margin
+        usable = free - math.floor(keep * free)
+        if needed <= usable:
+            continue
+        parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in items.items() if v)
+        room = f" ({human_bytes(usable)} usable with a {margin:.0%} safety margin)" if keep else ""
+        kind = "space" if where in ("disk", "/dev/shm") else "memory"
+        raise InsufficientMemoryError(
+            f"Not enough {kind} on {where} for {what}: needs {exact_bytes(needed)} ({parts}), "
+            f"{exact_bytes(free)} free{room}. Fix: {fix}",
+            where,
+            needed,
+            free,
+            None,
+        )
+
+
 def check_host_state(
     what: str, items: Mapping[str, int], capacity: int, margin: float = 0.05
 ) -> None:
     """Refuse per-row host state (a sampler's arrays) that does not fit in free RAM, before
-    it is allocated: :class:`InsufficientMemoryError` naming the bytes, the parts and the fix.
-    """
+    it is allocated: :class:`InsufficientMemoryError` naming the bytes, the parts and the fix
+    (the capacity that fits)."""
     needed = sum(items.values())
     if needed < _CHECK_FROM:
         return
     free = ram_available()
     usable = free - math.floor(margin * free)
-    if needed <= usable:
-        return
     per_row = needed / capacity
-    parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in items.items())
-    raise InsufficientMemoryError(
-        f"Not enough memory on ram for {what} of {capacity:,} rows: needs {exact_bytes(needed)}"
-        f" ({parts}), {exact_bytes(free)} free ({human_bytes(usable)} usable with a "
-        f"{margin:.0%} safety margin).\nFix: capacity <= {int(usable // per_row):,} fits "
-        f"({per_row:.1f} B per row); or free memory first (rlstash plan --sampler shows it all).",
-        "ram",
-        needed,
-        free,
-        None,
+    check_needs(
+        f"{what} of {capacity:,} rows",
+        {"ram": items},
+        f"capacity <= {max(int(usable // per_row), 0):,} fits ({per_row:.1f} B per row); or "
+        "free memory first (rlstash plan --sampler shows it all).",
+        margin=margin,
     )
 
 
@@ -331,13 +367,14 @@ class MemoryPlan:
         other = p.needed - row * self.capacity - scaled
         return max(int((p.usable - other) // (row + scaled / self.capacity)), 0)
 
-    def check(self, allow_overcommit: bool = False) -> MemoryPlan:
-        """Return ``self`` if every place fits (or ``allow_overcommit``), else raise.
+    def check(self, allow_overcommit: bool = False, places: Any = None) -> MemoryPlan:
+        """Return ``self`` if every place (of ``places``, default all) fits (or
+        ``allow_overcommit``), else raise.
 
         Raises :class:`InsufficientMemoryError` naming the place, the bytes needed and free
         (exact and human-readable) and the fix.
         """
-        bad = [p for p in self.places if not p.fits]
+        bad = [p for p in self.places if not p.fits and (places is None or p.place in places)]
         if not bad or allow_overcommit:
             return self
         lines = [self._shortfall(p) for p in bad]

@@ -437,6 +437,9 @@ class MemmapStorage(ArrayStorage):
         start, n = self._hole
         if not n:
             return None
+        from rlstash.diag.memory import check_host_state  # planned before it is allocated
+
+        check_host_state("MemmapStorage's torn-row mask", {"valid": self.capacity}, self.capacity)
         valid = np.ones(self.capacity, dtype=bool)
         rows = (start + np.arange(n, dtype=np.int64)) % self.capacity
         valid[rows] = False

@@ -196,6 +196,8 @@ class CommitLog:
 
     A slot holds ``seq`` first and again in its last 8 bytes; a record counts only when both
     match, so a write cut short (the stores run in order: head, extra, tail) never counts.
+    A disk StreamStorage keeps its lanes' records in ``lanes.rec`` the same way
+    (:mod:`rlstash.storage.stream_commit`: the record in slot ``i`` names the lanes' copy ``i``).
     """
 
     def __init__(self, path: Path, readonly: bool = False) -> None:
@@ -216,21 +218,35 @@ class CommitLog:
         self.path = path
         self._seq = 0
         self._live, self._synced = 0, 2 * _SLOT  # offsets of the next live and synced slot
+        self.slot = -1  # the slot (0-3) of the record :meth:`read` returned last; -1: none
 
     def read(self) -> Commit | None:
-        """The newest valid record (live ones of this boot only), or None when there is none."""
-        best: tuple[int, Commit] | None = None
+        """The newest valid record (live ones of this boot only), or None when there is none.
+
+        The next write of each kind (live, synced) then goes to the slot that does not hold
+        the newest valid record of that kind, so a write cut short never destroys it."""
+        best: tuple[int, int, Commit] | None = None
+        newest = [(0, 0), (0, 2)]  # per kind: (seq, slot) of its newest valid record
         for slot in range(4):
             got = self._parse(slot)
             if got is None:
                 continue
             seq, boot, rec = got
             self._seq = max(self._seq, seq)
+            newest[slot // 2] = max(newest[slot // 2], (seq, slot))
             if slot < 2 and boot != BOOT_ID:
                 continue  # a live record from before a reboot: its rows may not be on disk
             if best is None or seq > best[0]:
-                best = (seq, rec)
-        return None if best is None else best[1]
+                best = (seq, slot, rec)
+        (live_seq, live), (synced_seq, synced) = newest
+        self._live = (1 - live) * _SLOT if live_seq else 0
+        self._synced = (5 - synced) * _SLOT if synced_seq else 2 * _SLOT
+        self.slot = -1 if best is None else best[1]
+        return None if best is None else best[2]
+
+    def next_slot(self, synced: bool = False) -> int:
+        """The slot (0-3) the next :meth:`write` of that kind stores into."""
+        return (self._synced if synced else self._live) // _SLOT
 
     def _parse(self, slot: int) -> tuple[int, bytes, Commit] | None:
         off = slot * _SLOT

@@ -46,25 +46,38 @@ class Lanes:
     step. Per-slot arrays viewed ``[L, N]`` (:meth:`grid`) are position-major.
     """
 
-    def __init__(self, num_envs: int, L: int, n_step: int, frame_stack: int) -> None:
+    def __init__(
+        self,
+        num_envs: int,
+        L: int,
+        n_step: int,
+        frame_stack: int,
+        slots: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        """``slots``: the per-slot ``flags`` and ``ep`` arrays to work on in place (a disk
+        stream's memory-mapped ones, :mod:`rlstash.storage.stream_commit`); default new."""
         self.num_envs, self.L, self.n, self.k = num_envs, L, n_step, frame_stack
         self.ids = np.arange(num_envs, dtype=np.int64)  # lane numbers (row = pos * N + lane)
-        self.count = np.zeros(num_envs, np.int64)  # slots ever written to the lane
-        self.floor = np.zeros(num_envs, np.int64)  # oldest slot number that may be alive
-        self.next_ep = np.zeros(num_envs, np.int64)  # episode position of the next slot (k > 1)
+        # the per-lane int64 arrays are the rows of one block (a disk stream commits it whole)
+        self.per_lane = np.zeros((4, num_envs), np.int64)
+        self.count = self.per_lane[0]  # slots ever written to the lane
+        self.floor = self.per_lane[1]  # oldest slot number that may be alive
+        self.next_ep = self.per_lane[2]  # episode position of the next slot (k > 1)
+        self.reserved = self.per_lane[3]  # disk: slot numbers a commit vouched for
         self.pending = np.zeros(num_envs, bool)  # next_step: the next obs is a final obs
-        self.reserved = np.zeros(num_envs, np.int64)  # disk: slot numbers vouched for
-        self.flags = np.zeros(num_envs * L, np.uint8)  # WRITTEN | START | TERM | TRUNC
-        self.ep = np.zeros(num_envs * L, np.uint8)  # episode position, clipped to k - 1
+        if slots is None:
+            slots = np.zeros(num_envs * L, np.uint8), np.zeros(num_envs * L, np.uint8)
+        self.flags = slots[0]  # WRITTEN | START | TERM | TRUNC
+        self.ep = slots[1]  # episode position, clipped to k - 1
         self.valid = np.zeros(num_envs * L, bool)  # valid transition starts (updated in place)
         self.version = 0  # bumped on every change of ``valid``
 
     @staticmethod
-    def plan_bytes(num_envs: int, L: int) -> int:
-        """Exact bytes of the arrays :class:`Lanes` allocates: ``flags``, ``ep`` and ``valid``
-        (1 byte per slot each) and, per lane, ``ids``, ``count``, ``floor``, ``next_ep``,
-        ``reserved`` (int64) and ``pending`` (bool)."""
-        return 3 * num_envs * L + (5 * 8 + 1) * num_envs
+    def plan_bytes(num_envs: int, L: int, slots_given: bool = False) -> int:
+        """Exact bytes of the arrays :class:`Lanes` allocates: ``flags``, ``ep`` (unless
+        ``slots_given``) and ``valid`` (1 byte per slot each) and, per lane, ``ids``,
+        ``count``, ``floor``, ``next_ep``, ``reserved`` (int64) and ``pending`` (bool)."""
+        return (1 if slots_given else 3) * num_envs * L + (5 * 8 + 1) * num_envs
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {k: getattr(self, k) for k in LANE_KEYS}
@@ -78,6 +91,14 @@ class Lanes:
         for k in LANE_KEYS:
             getattr(self, k)[...] = np.asarray(arrays[k])
         self.recompute()
+
+    def restore(self, per_lane: Mapping[str, np.ndarray]) -> None:
+        """Take the committed per-lane arrays of a reopened directory (its slots' ``flags``
+        and ``ep`` are already in place), drop what the commit did not vouch for and
+        recompute ``valid``."""
+        for k in ("count", "floor", "next_ep", "reserved", "pending"):
+            getattr(self, k)[...] = per_lane[k]
+        self.drop_unvouched()
 
     def alive_floor(self) -> np.ndarray:
         return np.maximum(self.floor, self.count - self.L)  # [N]
@@ -216,7 +237,9 @@ class Lanes:
         if plan["ended"].size:
             self.flags[plan["fin_rows"]], self.ep[plan["fin_rows"]] = WRITTEN, plan["fin_ep"]
         self.count += plan["grow"]
-        self.next_ep, self.pending = plan["next_ep"], plan["pending"]
+        if plan["next_ep"] is not self.next_ep:
+            self.next_ep[...] = plan["next_ep"]
+        self.pending = plan["pending"]
         self.refresh(newest=int(plan["grow"].max()) + self.n + 1)
 
     # ------------------------------------------------------------------ validity
@@ -376,9 +399,11 @@ class Lanes:
             c, f = int(self.count[e]) - back + 1, int(floor[e])
             last, prev = self.row(int(e), c - 1), self.row(int(e), c - 2)
             if c - 1 >= f and self.flags[last] & START:
-                self.flags[last] = WRITTEN  # its step's result was never stored
+                # the step before first: a disk stream killed between the two stores reopens
+                # with the last slot still a start, and drops it (the same end) by itself
                 if c - 2 >= f and self.flags[prev] & START:
                     self.flags[prev] |= TRUNC  # the episode ends at the last stored obs
+                self.flags[last] = WRITTEN  # its step's result was never stored
 
     def drop_unvouched(self) -> None:
         """After reopening a save: each lane may have written slots ``[count, reserved)`` since

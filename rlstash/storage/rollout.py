@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 
+from rlstash.diag.memory import check_needs
 from rlstash.finite import OPT_OUT, check_finite, rows_where
 from rlstash.spec import Batch, Field, Spec, flat_obs
 
@@ -105,6 +106,11 @@ class RolloutStorage:
         self.device, self.same_step = torch.device(device), bool(same_step)
         self.check_finite = bool(check_finite)
         T, N = steps, num_envs
+        check_needs(  # refused before anything is allocated (invariant I2)
+            f"a RolloutStorage of {T:,} steps x {N:,} envs",
+            {str(self.device): self.plan_bytes(spec, T, N, same_step)},
+            "fewer steps (PPO's rollout_steps) or num_envs (rlstash train --envs)",
+        )
 
         def alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=self.device)
@@ -125,6 +131,21 @@ class RolloutStorage:
         self._after_done = alloc((N,), torch.bool)  # next-step mode: row 0 is a reset step
         self.filled = False
         self.all_valid = False  # known on the host without reading ``valid``
+
+    @staticmethod
+    def plan_bytes(
+        spec: Spec, steps: int, num_envs: int, same_step: bool = False
+    ) -> dict[str, int]:
+        """Exact bytes of the tensors a rollout of ``steps`` x ``num_envs`` allocates, by name."""
+        T, N = steps, num_envs
+        obs = sum(f.row_bytes for f in obs_fields(spec).values())
+        out = {"obs": (T + 1) * N * obs, "action": T * N * spec["action"].row_bytes}
+        if "action_mask" in spec:
+            out["action_mask"] = T * N * spec["action_mask"].row_bytes
+        if same_step:
+            out["final_obs"] = T * N * obs
+        out["reward and flags"] = 8 * T * N + N  # reward, 4 bool flags; the carried-over flag
+        return out
 
     @property
     def nbytes(self) -> int:

@@ -56,16 +56,16 @@ Episodes never get stitched: when envs are reset outside the stream (a collector
 restarted worker) call :meth:`StreamStorage.end_episodes`; after a load or a reopen the
 first ``extend`` does it by itself.
 
-Disk (``backing="disk"``): the slots are a :class:`~rlstash.storage.disk.MemmapStorage` and
-the bookkeeping is saved next to it in ``stream.npz`` (after the data pages are synced,
-atomically) on ``flush``/``close`` and every ``L // 16`` steps per lane. Each save vouches
-for the slots the next steps may overwrite, so a directory left by a killed process reopens
-with exactly the transitions its data still hold.
+Disk (``backing="disk"``): the slots are a :class:`~rlstash.storage.disk.MemmapStorage`, the
+settings are in ``stream.npz`` (written once) and the lanes' bookkeeping is memory-mapped
+beside them with commit records (:mod:`rlstash.storage.stream_commit`, the design of the
+MemmapStorage's): every ``extend``, ``end_episodes`` and ``open_steps`` commit that returned
+is there after a SIGKILL, read back equal; a slot being overwritten when the process died is
+dropped, never read torn.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import weakref
 from collections.abc import Callable, Mapping
@@ -82,20 +82,23 @@ from rlstash.device import resolve_device
 from rlstash.indices import as_rows
 from rlstash.spec import Batch, Field, Spec
 from rlstash.storage import register_kind
+from rlstash.storage import stream_commit as books
 from rlstash.storage import stream_read as read_path
 from rlstash.storage import stream_write as write
-from rlstash.storage.frame_backing import FrameBacking, frame_plan_bytes
+from rlstash.storage.frame_backing import FrameBacking
 from rlstash.storage.frames import FrameCompression, frame_fields
 from rlstash.storage.lanes import LANE_KEYS, TERM, TRUNC, WRITTEN, Lanes
 from rlstash.storage.ram import TensorStorage
+from rlstash.storage.stream_commit import NPZ, LaneLog
 from rlstash.storage.stream_direct import StepSlots, open_steps
 from rlstash.storage.stream_layout import (
     LANE_MAJOR,
     LAYOUT,
     convert_state,
-    refuse_lane_major,
     saved_layout,
 )
+from rlstash.storage.stream_plan import bookkeeping_bytes, naive_bytes, stream_plan
+from rlstash.storage.stream_plan import plan_bytes as stream_plan_bytes
 from rlstash.storage.stream_spec import (
     ReadSpec,
     obs_names,
@@ -103,7 +106,6 @@ from rlstash.storage.stream_spec import (
     step_spec,
     transition_step,
 )
-from rlstash.storage.stream_write import NPZ
 
 BOOKKEEPING_BYTES = 3  # per slot: flags, episode position (clipped), valid
 
@@ -164,109 +166,88 @@ class StreamStorage:
         self.obs_keys = obs_names(self.spec)
         self.slot_spec = slot_spec(self.spec, reads.frame_stack, self.stacked_input)
         self.sample_spec = self._sample_spec()
-        self.lanes = Lanes(num_envs, L, reads.n_step, reads.frame_stack)
+        self.lanes: Lanes  # made by _open_backing (on a disk stream's mapped slot arrays)
         self._windows: tuple[int, int, np.ndarray] = (-1, 0, np.zeros(0, bool))
         self._path: Path | None = None
+        self._log: LaneLog | None = None  # disk: the lanes' commit records
+        self._durable = False  # disk: the backing's writes reach the page cache at once
         self._cut = np.zeros(num_envs, bool)  # lanes whose episode ends before the next extend
-        self._margin = max(2, L // 16)  # disk: steps per lane between bookkeeping saves
+        self._margin = max(2, L // 16)  # a tiered backing: steps per lane between its flushes
         self.compression = backing if isinstance(backing, FrameCompression) else None
-        self.backing = self._open_backing(backing, device, path, allow_overcommit)
+        path, resume = self._checked_place(backing, device, path)
+        self.plan = stream_plan(  # checked before anything is allocated (None: a factory)
+            self.slot_spec, num_envs, self.capacity, backing, device, path, resume,
+            allow_overcommit,
+        )  # fmt: skip
+        self.backing = self._open_backing(backing, device, path, resume, allow_overcommit)
         self.device = torch.device(self.backing.device)
         self._closed = False
 
     # ------------------------------------------------------------------ construction
-    def _open_backing(self, backing: Any, device: Any, path: Any, overcommit: bool) -> Any:
+    def _checked_place(self, backing: Any, device: Any, path: Any) -> tuple[Path | None, bool]:
+        """Refuse a backing, device and path that do not go together; returns the absolute
+        path (or None) and whether a stream there resumes (refusing what is no stream)."""
+        dev = resolve_device(device, "device", allow_none=False)
         if isinstance(backing, FrameCompression):
-            return self._frame_backing(backing, device, path, overcommit)
-        if backing == "ram":
-            return TensorStorage(self.slot_spec, self.capacity, device, overcommit)
-        if backing == "disk":
+            if path is not None or dev.type != "cpu":
+                raise ValueError(
+                    f"backing: compressed frames live in host RAM (no path, device 'cpu'), got "
+                    f"path={path!r}, device={str(device)!r}; deliver batches to a GPU with "
+                    "ReplayBuffer(device=...)"
+                )
+            if not frame_fields(self.slot_spec, self.obs_keys):
+                raise ValueError(
+                    f"backing: FrameCompression compresses uint8 pixel obs fields (2+ dims), but "
+                    f"the obs fields are {[self.slot_spec[k].describe() for k in self.obs_keys]}; "
+                    "use backing='ram'"
+                )
+        elif backing == "disk":
             if path is None:
                 raise ValueError("path: backing='disk' needs a directory path, got None")
-            if resolve_device(device, "device", allow_none=False).type != "cpu":
+            if dev.type != "cpu":
                 raise ValueError(
                     f"device: a disk backing lives on the CPU, got {str(device)!r}; deliver "
                     "batches to a device with ReplayBuffer(device=...)"
                 )
+        elif backing != "ram" and not callable(backing):
+            raise ValueError(f"backing: expected 'ram', 'disk' or a factory, got {backing!r}")
+        if path is None or backing == "ram":
+            return None, False
+        path = Path(path).absolute()
+        return path, books.check_dir(path)
+
+    def _new_lanes(self, slots: tuple[np.ndarray, np.ndarray] | None = None) -> Lanes:
+        self.lanes = Lanes(
+            self.num_envs, self.lane_capacity, self.reads.n_step, self.reads.frame_stack, slots
+        )
+        return self.lanes
+
+    def _open_backing(
+        self, backing: Any, device: Any, path: Path | None, resume: bool, overcommit: bool
+    ) -> Any:
+        if isinstance(backing, FrameCompression):
+            keys = frame_fields(self.slot_spec, self.obs_keys)
+            return FrameBacking(self.slot_spec, self._new_lanes(), backing, keys, overcommit)
+        if path is None:
+            self._new_lanes()
+        if backing == "ram":
+            return TensorStorage(self.slot_spec, self.capacity, device, overcommit)
+        if backing == "disk":
             from rlstash.storage.disk import MemmapStorage
 
-            path = Path(path).absolute()
-            resume = self._check_dir(path)
             store = MemmapStorage(self.slot_spec, self.capacity, path, overcommit)
-            return self._keep_books(store, path, resume)
-        if not callable(backing):
-            raise ValueError(f"backing: expected 'ram', 'disk' or a factory, got {backing!r}")
-        resume = False if path is None else self._check_dir(Path(path).absolute())
-        store = backing(self.slot_spec, self.capacity)
-        if getattr(store, "capacity", None) != self.capacity or store.spec != self.slot_spec:
-            raise ValueError(
-                f"backing: the factory must return a storage of spec {self.slot_spec!r} and "
-                f"capacity {self.capacity}, got {store!r}"
-            )
-        return store if path is None else self._keep_books(store, Path(path).absolute(), resume)
-
-    def _frame_backing(
-        self, comp: FrameCompression, device: Any, path: Any, overcommit: bool
-    ) -> FrameBacking:
-        """Compressed frames in RAM: checks that they apply here, then plans and allocates."""
-        if path is not None or resolve_device(device, "device", allow_none=False).type != "cpu":
-            raise ValueError(
-                f"backing: compressed frames live in host RAM (no path, device 'cpu'), got "
-                f"path={path!r}, device={str(device)!r}; deliver batches to a GPU with "
-                "ReplayBuffer(device=...)"
-            )
-        keys = frame_fields(self.slot_spec, self.obs_keys)
-        if not keys:
-            raise ValueError(
-                f"backing: FrameCompression compresses uint8 pixel obs fields (2+ dims), but "
-                f"the obs fields are {[self.slot_spec[k].describe() for k in self.obs_keys]}; "
-                "use backing='ram'"
-            )
-        return FrameBacking(self.slot_spec, self.lanes, comp, keys, overcommit)
-
-    def _check_dir(self, path: Path) -> bool:
-        """True when ``path`` holds a stream to resume; refuses a plain MemmapStorage and a
-        stream saved in another row layout (before anything there is opened)."""
-        from rlstash.storage.disk_layout import META
-
-        resume = (path / NPZ).exists()
-        if resume:
-            with np.load(path / NPZ) as z:
-                refuse_lane_major(path, json.loads(str(z["config"])))
-        if (path / META).exists() and not resume:
-            raise ValueError(
-                f"path: {path} holds a MemmapStorage without {NPZ}: it is not a StreamStorage "
-                "directory; use an empty or a new directory"
-            )
-        return resume
-
-    def _keep_books(self, store: Any, path: Path, resume: bool) -> Any:
-        """Keep ``stream.npz`` beside the data at ``path``; an existing stream resumes."""
-        self._path = path
-        try:
-            if resume:
-                with np.load(path / NPZ) as z:
-                    saved = json.loads(str(z["config"]))
-                    if saved != self._config():
-                        diff = {
-                            k: (saved.get(k), v)
-                            for k, v in self._config().items()
-                            if saved.get(k) != v
-                        }
-                        raise ValueError(
-                            f"path: the stream at {path} was made with other settings: {diff}"
-                        )
-                    self.lanes.load(z)
-                self.lanes.drop_unvouched()
-                self._cut[:] = True  # the envs of the open episodes are gone
-                for stale in path.glob(f".{NPZ}.*"):
-                    stale.unlink(missing_ok=True)
-            write.persist(store, self.lanes, path, self._margin, self._config())
-        except BaseException:
-            store.close()
-            raise
+        else:
+            store = backing(self.slot_spec, self.capacity)
+            if getattr(store, "capacity", None) != self.capacity or store.spec != self.slot_spec:
+                raise ValueError(
+                    f"backing: the factory must return a storage of spec {self.slot_spec!r} and "
+                    f"capacity {self.capacity}, got {store!r}"
+                )
+            if path is None:
+                return store
+        self._log = books.open_books(self, store, path, resume)  # sets self.lanes
         self._finalizer = weakref.finalize(
-            self, write.persist, store, self.lanes, path, 0, self._config()
+            self, books.close_books, store, self.lanes, self._log, self._durable
         )
         return store
 
@@ -299,7 +280,9 @@ class StreamStorage:
     @property
     def nbytes(self) -> int:
         """Bytes of the backing data plus the per-slot bookkeeping."""
-        return self.backing.nbytes + _bookkeeping_bytes(self.num_envs, self.capacity)
+        return self.backing.nbytes + bookkeeping_bytes(
+            self.num_envs, self.capacity, on_disk=self._log is not None
+        )
 
     @property
     def size(self) -> int:
@@ -350,16 +333,7 @@ class StreamStorage:
         stored field, plus the host-RAM bookkeeping of the lanes (3 B per slot, 42 per lane).
         With ``compression`` the frame fields are its arena and index instead (sized by its
         ``budget``; see :mod:`rlstash.storage.frames`)."""
-        slots = capacity // num_envs * num_envs
-        sspec = slot_spec(spec, frame_stack, stacked_input)
-        out = sspec.field_nbytes(slots)
-        if compression is not None:
-            keys = frame_fields(sspec, obs_names(sspec))
-            for k in keys:
-                del out[k]
-            out.update(frame_plan_bytes(sspec, keys, compression, num_envs, slots // num_envs))
-        out["bookkeeping"] = _bookkeeping_bytes(num_envs, slots)
-        return out
+        return stream_plan_bytes(spec, capacity, frame_stack, stacked_input, num_envs, compression)
 
     @staticmethod
     def naive_bytes(
@@ -367,13 +341,7 @@ class StreamStorage:
     ) -> dict[str, int]:
         """Bytes of a naive buffer of ``capacity`` transitions that stores ``obs`` and
         ``next_obs`` (``frame_stack`` frames each), action, reward, flags and extras."""
-        spec, out = step_spec(spec), {}
-        for name, f in spec.items():
-            stack = frame_stack if name in obs_names(spec) and not stacked_input else 1
-            out[name] = f.row_bytes * stack * capacity
-            if name in obs_names(spec):
-                out["next_" + name] = out[name]
-        return out
+        return naive_bytes(spec, capacity, frame_stack, stacked_input)
 
     # ------------------------------------------------------------------ writing
     def extend(self, batch: Mapping[str, Any]) -> np.ndarray:
@@ -428,6 +396,7 @@ class StreamStorage:
             self.lanes.commit_finals(plan)
         self.lanes.end_episodes(sel)
         self._cut[sel] = False
+        write.committed(self)
 
     # ------------------------------------------------------------------ reading
     def read(self, index: Index, out: Batch | None = None) -> Batch:
@@ -493,7 +462,14 @@ class StreamStorage:
         for k in LANE_KEYS:  # every shape checked before anything changes
             if np.shape(state["lanes"][k]) != getattr(check, k).shape:
                 raise ValueError(f"state: lane array {k!r} has the wrong shape")
-        self.backing.load_state_dict(state["backing"])
+        if self._log is not None:  # the slots are replaced: a crash meanwhile leaves none
+            self._log.commit_empty()
+        try:
+            self.backing.load_state_dict(state["backing"])
+        except BaseException:
+            if self._log is not None:
+                self._log.commit(self.lanes)  # nothing changed: the old lanes count again
+            raise
         self.lanes.load(state["lanes"])
         self._cut[:] = True
         if self._path is not None:
@@ -528,10 +504,11 @@ class StreamStorage:
         return store
 
     def flush(self) -> None:
-        """Disk: sync the data, then save the bookkeeping atomically (``stream.npz``)."""
+        """Disk: sync the data and the lanes, then commit them with a synced record (what a
+        power loss keeps)."""
         self._check_open()
-        if self._path is not None:
-            write.persist(self.backing, self.lanes, self._path, self._margin, self._config())
+        if self._log is not None:
+            books.persist(self.backing, self.lanes, self._log, self._durable, self._margin)
         elif hasattr(self.backing, "flush"):
             self.backing.flush()
 
@@ -567,7 +544,7 @@ def _tiered_factory(
     state: Mapping[str, Any], device: str | torch.device | None
 ) -> Callable[[Spec, int], Storage]:
     """Reopens a TieredStorage's disk cold tier under an empty hot tier (on ``device`` or the
-    saved one); the stream's ``stream.npz`` beside it says which slots hold data."""
+    saved one); the stream's lanes beside it say which slots hold data."""
     from rlstash.storage.disk import MemmapStorage
     from rlstash.storage.tiered import TieredStorage
 
@@ -577,11 +554,6 @@ def _tiered_factory(
         return TieredStorage(hot, cold, block=int(state["block"]))
 
     return make
-
-
-def _bookkeeping_bytes(num_envs: int, slots: int) -> int:
-    """Host bytes of the lanes (:meth:`Lanes.plan_bytes`) plus the storage's ``_cut`` mask."""
-    return Lanes.plan_bytes(num_envs, slots // num_envs) + num_envs
 
 
 register_kind("StreamStorage", lambda state, device: StreamStorage.from_state_dict(state, device))

@@ -31,7 +31,7 @@ from gymnasium.vector import AutoresetMode
 
 from rlstash.finite import check_finite
 from rlstash.storage.ram import numpy_view
-from rlstash.storage.stream_write import host_flags, reserve
+from rlstash.storage.stream_write import committed, host_flags, reserve
 
 if TYPE_CHECKING:
     from rlstash.storage.stream import StreamStorage
@@ -97,6 +97,7 @@ class StepSlots:
             raise RuntimeError("StepSlots.commit: the stream was written since open_steps")
         self._open = False
         store.lanes.commit(plan)
+        committed(store)  # a disk stream commits the lanes: the steps survive a crash now
         return store.lanes.written_order(plan)
 
 
@@ -145,7 +146,7 @@ def open_steps(store: StreamStorage, T: int) -> StepSlots | None:
     start = lanes.count % L
     if not (start == start[0]).all():  # lanes drifted (a final obs of end_episodes)
         return None
-    reserve(store, np.arange(store.num_envs), T)  # disk: the save vouches for these slots
+    reserve(store, None, T)  # disk: a commit vouches for these slots
     lanes.vacate(T)
     return StepSlots(store, T, int(start[0]))
 

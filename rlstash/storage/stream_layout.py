@@ -109,7 +109,7 @@ def convert_lane_major(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     from rlstash.storage.disk_layout import open_maps
     from rlstash.storage.lanes import LANE_KEYS
     from rlstash.storage.stream import ReadSpec, StreamStorage
-    from rlstash.storage.stream_write import NPZ
+    from rlstash.storage.stream_commit import NPZ
 
     src, dst = Path(src).absolute(), Path(dst).absolute()
     if not (src / NPZ).exists():
@@ -118,9 +118,9 @@ def convert_lane_major(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
         raise ValueError(f"dst: {dst} is not empty; give a new or an empty directory")
     with np.load(src / NPZ) as z:
         cfg = json.loads(str(z["config"]))
+        if saved_layout(cfg) != LANE_MAJOR:
+            raise ValueError(f"src: the stream at {src} is already {saved_layout(cfg)!r}")
         arrays = {k: np.array(z[k]) for k in LANE_KEYS}
-    if saved_layout(cfg) != LANE_MAJOR:
-        raise ValueError(f"src: the stream at {src} is already {saved_layout(cfg)!r}")
     N, cap = int(cfg["num_envs"]), int(cfg["capacity"])
     L = cap // N
     kw = dict(autoreset=modes.BY_TOKEN[cfg["autoreset"]], reads=ReadSpec(**cfg["reads"]))

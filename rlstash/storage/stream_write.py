@@ -6,32 +6,30 @@ A chunk is one write, not T: its ``terminated``/``truncated`` reach the host onc
 the CPU; one blocking device-to-host copy for both on a GPU, the write path's only host
 read), :meth:`~rlstash.storage.lanes.Lanes.plan` places the T steps with row operations over
 the N lanes, and the slots are written in one call (one contiguous copy per field while the
-lanes move in lockstep, as next-step chunks keep them: rows are slot-major). A disk stream saves its bookkeeping
-(:func:`persist`) before a chunk passes the slots the last save vouched for.
+lanes move in lockstep, as next-step chunks keep them: rows are slot-major). A disk stream
+commits its lanes (:mod:`rlstash.storage.stream_commit`) once an operation is complete
+(:func:`committed`), and first, before a chunk overwrites alive slots, vouches for the slots
+it will write (:func:`reserve`).
 
 The functions take the stream as their first argument; the stream's methods call them.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
 
-from rlstash.atomic import write_atomic
 from rlstash.finite import check_finite, rows_where
 from rlstash.spec import Batch, Spec
-from rlstash.storage.lanes import Lanes
+from rlstash.storage.stream_commit import persist
 
 if TYPE_CHECKING:
     from rlstash.storage.stream import StreamStorage
 
-NPZ = "stream.npz"
 RESTARTED = "restarted"  # optional extend field: the env's worker restarted during this step
 
 
@@ -51,17 +49,39 @@ def extend(store: StreamStorage, batch: Mapping[str, Any]) -> np.ndarray:
         store.end_episodes(store._cut.copy())
     restarted = data.pop(RESTARTED, None)
     if restarted is not None and bool(restarted.any()):
-        return write_restarted(store, data, final, T, host(restarted).reshape(T, -1))
-    return write_steps(store, data, final, T)
+        index = write_restarted(store, data, final, T, host(restarted).reshape(T, -1))
+    else:
+        index = write_steps(store, data, final, T)
+    committed(store)
+    return index
 
 
-def reserve(store: StreamStorage, lanes: np.ndarray, grow: Any) -> None:
-    """Disk: save the bookkeeping first when ``lanes`` would pass the slots it vouches for
-    (vouching for at least ``grow`` more)."""
-    lanes_, count = store.lanes, store.lanes.count[lanes]
-    if store._path is not None and (count + grow > lanes_.reserved[lanes]).any():
+def reserve(store: StreamStorage, lanes: np.ndarray | None, grow: Any) -> None:
+    """Disk, before ``grow`` slots of each of ``lanes`` (None: all) are written: when they
+    overwrite alive slots not vouched for yet, commit ``reserved = count + grow`` first
+    (reopening drops them, never reads them torn). A backing that reaches the disk only when
+    flushed is flushed and committed instead, vouching for ``margin`` more slots."""
+    log, books = store._log, store.lanes
+    if log is None:
+        return
+    sel = slice(None) if lanes is None else lanes
+    need = books.count[sel] + grow
+    if store._durable:
+        # overwritten slots count - L .. need - L - 1 are alive when need - L > floor
+        if (need > np.maximum(books.reserved[sel], books.floor[sel] + books.L)).any():
+            books.reserved[sel] = np.maximum(books.reserved[sel], need)
+            log.commit(books)
+    elif (need > books.reserved[sel]).any():
         margin = max(store._margin, int(np.max(grow)))
-        persist(store.backing, lanes_, store._path, margin, store._config())
+        persist(store.backing, books, log, False, margin)
+
+
+def committed(store: StreamStorage) -> None:
+    """Disk, after an operation completed (its slots and flags written): commit the lanes."""
+    if store._durable:
+        books = store.lanes
+        np.maximum(books.reserved, books.count, out=books.reserved)
+        store._log.commit(books)
 
 
 def validate(store: StreamStorage, batch: Mapping[str, Any]) -> tuple[Batch, Batch | None, int]:
@@ -145,7 +165,7 @@ def write_chunk(store: StreamStorage, data: Batch, final: Batch | None, T: int) 
     term, trunc = host_flags(data["terminated"], data["truncated"], T, N)
     plan = lanes.plan(term, trunc, final is not None)
     frames = newest_frames(store, data)
-    reserve(store, np.arange(N), plan["grow"])
+    reserve(store, None, plan["grow"])
     step = {n: frames.get(n, data.get(n)) for n in store.slot_spec}
     at = plan["ended"]
     fins = None
@@ -207,19 +227,6 @@ def write_restarted(
             store.lanes.drop_restarted(sel[done], back)
             store.lanes.drop_restarted(sel[~done], 1)
     return np.concatenate(written)
-
-
-def persist(store: Any, lanes: Lanes, path: Path, margin: int, config: dict[str, Any]) -> None:
-    """Sync the data pages, then save the bookkeeping atomically (:func:`write_atomic`),
-    vouching for ``margin`` more slots per lane."""
-    try:
-        store.flush()  # msync: data reach the disk before the bookkeeping that counts them
-    except RuntimeError:
-        if not getattr(store, "_closed", False):
-            raise  # a closed MemmapStorage flushed itself when it closed
-    lanes.reserved[:] = lanes.count + margin
-    arrays = lanes.arrays()
-    write_atomic(path / NPZ, lambda f: np.savez(f, config=np.array(json.dumps(config)), **arrays))
 
 
 def leading(value: Any, ndim: int, name: str) -> tuple[int, ...]:

@@ -36,6 +36,7 @@ import torch
 
 from rlstash.core import Index, Storage
 from rlstash.device import CudaOps
+from rlstash.diag.memory import check_host_state
 from rlstash.indices import normalize_index
 from rlstash.spec import Batch, Spec
 from rlstash.storage import register_kind
@@ -72,6 +73,8 @@ class TieredStorage:
         self.capacity = cold.capacity
         self.device = torch.device(hot.device)
         self.ops = ops or CudaOps()
+        check_host_state("TieredStorage's row map", self.plan_bytes(self.capacity, hot.capacity),
+                         self.capacity)  # fmt: skip
         self._home = np.full(self.capacity, -1, np.int64)  # logical row -> hot slot, -1: cold
         self._owner = np.full(hot.capacity, -1, np.int64)  # hot slot -> logical row, -1: free
         self._next = 0  # next hot slot
@@ -79,6 +82,12 @@ class TieredStorage:
         self._cursor, self._size = int(getattr(cold, "cursor", 0)), int(getattr(cold, "size", 0))
         self._extra: dict[str, Any] = dict(getattr(cold, "extra", None) or {})
         self._closed = False
+
+    @staticmethod
+    def plan_bytes(capacity: int, hot_capacity: int) -> dict[str, int]:
+        """Host bytes of the row map a tiered storage allocates besides its tiers (checked
+        against free RAM before it is): 8 B per logical row and per hot slot."""
+        return {"row -> hot slot": 8 * capacity, "hot slot -> row": 8 * hot_capacity}
 
     @property
     def nbytes(self) -> int:

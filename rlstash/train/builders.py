@@ -29,7 +29,7 @@ from rlstash.collect.sync import Collector
 from rlstash.ratelimit import RateLimiter
 from rlstash.replay import ReplayBuffer
 from rlstash.spec import Field, Spec
-from rlstash.train import algos, checkpoint, ray_run, video
+from rlstash.train import algos, checkpoint, ray_run, run_memory, video
 from rlstash.train.config import STORAGES, TrainConfig
 
 DEFAULT_THRESHOLDS = {"Pendulum-v1": -200.0, "rlstash/Pendulum-v1": -200.0}
@@ -115,17 +115,17 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
                 top = top.parent
             undo.callback(shutil.rmtree, top, ignore_errors=True)
             run_dir.mkdir(parents=True)
-        env = None
-        if not cfg.ray:  # else the collector's Ray actors hold the envs
-            env = make_vec_env(cfg.env, cfg.envs, cfg.workers, None, cfg.history, device)
-            undo.callback(env.close)
-        if state is None:
+        if state is None:  # buffer and agent first: each is refused before it allocates
             spec = step_spec(info.obs_space, info.act_space)
             rb = make_buffer(cfg, spec, run_dir, agent_cfg.gamma, device, info.frame_stack)
         else:
             rb = restore_buffer(run_dir, device)
         undo.callback(rb.close)
         agent = make_agent(cfg, agent_cfg, info, device)
+        env = None
+        if not cfg.ray:  # else the collector's Ray actors hold the envs
+            env = make_vec_env(cfg.env, cfg.envs, cfg.workers, None, cfg.history, device)
+            undo.callback(env.close)
         limiter = make_limiter(cfg)
         agent.planned_updates = planned_updates(cfg, limiter)  # compile="auto" reads it
         if cfg.ray:
@@ -306,9 +306,14 @@ def make_eval_env(
 
 
 def make_agent(cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, device: torch.device) -> Any:
-    """The algorithm's learner for the env's action space (``cfg`` resolved)."""
+    """The algorithm's learner for the env's action space (``cfg`` resolved); networks that
+    do not fit are refused before they are built, naming the flags (:mod:`.run_memory`)."""
     learner = algos.ALGOS[cfg.algo].learner(info.act_space, cfg.env)
-    return learner.build(tuple(info.obs_space.shape), info.act_space, agent_cfg, device)
+    build = functools.partial(
+        learner.build, tuple(info.obs_space.shape), info.act_space, agent_cfg, device
+    )
+    run_memory.check_agent(build)
+    return build()
 
 
 def make_limiter(cfg: TrainConfig) -> RateLimiter:
@@ -360,6 +365,7 @@ def make_buffer(
     reading ``cfg.n_steps``-step returns with the agent's ``gamma``. With ``frame_stack`` = k > 1
     (default: ``cfg.history``; Atari: 4) observations arrive as windows [k, ...] and only the
     newest frame of each is stored; reads rebuild the windows."""
+    from rlstash.diag.memory import InsufficientMemoryError
     from rlstash.storage import MemmapStorage, ReadSpec, StreamStorage, TensorStorage, TieredStorage
 
     if cfg.storage not in STORAGES:
@@ -372,8 +378,8 @@ def make_buffer(
         backing: Any = cfg.compression() or "ram"  # --compress: frames compressed in RAM
     elif cfg.storage == "disk":
         backing = "disk"
-    else:
-        n_hot = max(1024, capacity // 10)
+    n_hot = max(1024, capacity // 10)
+    if cfg.storage == "tiered":
 
         def backing(s: Spec, cap: int) -> TieredStorage:
             hot = TensorStorage(s, min(n_hot, cap), device=buffer_device)
@@ -381,10 +387,15 @@ def make_buffer(
 
     path = run_dir / "buffer" if cfg.storage != "ram" else None  # disk, tiered: resumable there
     device = buffer_device if cfg.storage == "ram" else "cpu"
-    st = StreamStorage(
-        spec, num_envs, capacity, backing=backing, device=device, path=path, reads=reads,
-        stacked_input=k > 1,
-    )  # fmt: skip
+    try:  # every part planned and checked before it is allocated: one line naming the flags
+        if cfg.storage == "tiered":
+            run_memory.check_tiered(spec, k, num_envs, capacity, n_hot, buffer_device, path)
+        st = StreamStorage(
+            spec, num_envs, capacity, backing=backing, device=device, path=path, reads=reads,
+            stacked_input=k > 1,
+        )  # fmt: skip
+    except InsufficientMemoryError as exc:
+        raise run_memory.buffer_refusal(exc, cfg, capacity) from None
     return ReplayBuffer(st, seed=cfg.seed, device=learner_device)
 
 
