@@ -87,7 +87,7 @@ def _check_dir(file: Path, path: Path, state: Mapping[str, Any], saved: str | No
 
 def _check_streams(file: Path, state: Any) -> None:
     """A disk stream's directory must hold its bookkeeping file beside the data."""
-    from rlstash.storage.stream_write import NPZ
+    from rlstash.storage.stream_commit import NPZ
 
     if not isinstance(state, Mapping):
         return

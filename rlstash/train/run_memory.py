@@ -18,7 +18,7 @@ from typing import Any
 
 from rlstash.agents.planning import AgentMemoryError, measure
 from rlstash.diag.memory import InsufficientMemoryError, human_bytes, plan
-from rlstash.train.flags import flag
+from rlstash.train.config import flag
 
 
 def _label(name: str) -> str:
