@@ -23,9 +23,9 @@ _EXPORTS: dict[str, str] = {
     # data
     "Spec": "rlstash.spec",
     "Field": "rlstash.spec",
-    "plan": "rlstash.diag.memory",
-    "MemoryPlan": "rlstash.diag.memory",
-    "InsufficientMemoryError": "rlstash.diag.memory",
+    "plan": "rlstash.memory",
+    "MemoryPlan": "rlstash.memory",
+    "InsufficientMemoryError": "rlstash.memory",
     "IndexRangeError": "rlstash.indices",
     "TensorStorage": "rlstash.storage.ram",
     "MemmapStorage": "rlstash.storage.disk",
@@ -139,11 +139,11 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.collect.ray import RayActorFailedError, RayCollector
     from rlstash.collect.sync import Collector
     from rlstash.device import Delivery
-    from rlstash.diag.memory import InsufficientMemoryError, MemoryPlan, plan
     from rlstash.envs.errors import WorkerFailedError
     from rlstash.envs.process_pool import ProcessPoolVectorEnv
     from rlstash.envs.rsl_rl import from_rsl_rl
     from rlstash.indices import IndexRangeError
+    from rlstash.memory import InsufficientMemoryError, MemoryPlan, plan
     from rlstash.ratelimit import RateLimiter
     from rlstash.replay import ReplayBuffer
     from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler

@@ -569,7 +569,7 @@ def _check_batch_size(batch_size: Any, capacity: int, row_bytes: int = 0) -> Non
         raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
     if batch_size <= capacity:
         return
-    from rlstash.diag.memory import human_bytes, ram_available
+    from rlstash.memory import human_bytes, ram_available
 
     need = batch_size * (row_bytes + _SCRATCH_BYTES)
     free = ram_available()

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlstash.diag import memory
-from rlstash.diag.memory import InsufficientMemoryError, exact_bytes, human_bytes, plan
+from rlstash import memory
+from rlstash.memory import InsufficientMemoryError, exact_bytes, human_bytes, plan
 from rlstash.spec import Field, Spec
 
 SPEC = Spec(

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
+from rlstash import memory
 from rlstash.core import Storage
-from rlstash.diag import memory
-from rlstash.diag.memory import InsufficientMemoryError
+from rlstash.memory import InsufficientMemoryError
 from rlstash.spec import Field, Spec
 from rlstash.storage import MemmapStorage, TensorStorage, ram
 from rlstash.writer import RingWriter

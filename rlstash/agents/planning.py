@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlstash.diag.memory import InsufficientMemoryError, check_needs, human_bytes, place_of
+from rlstash.memory import InsufficientMemoryError, check_needs, human_bytes, place_of
 
 _DRY_RUN = contextvars.ContextVar("rlstash_agent_dry_run", default=False)
 _CHECKED = contextvars.ContextVar("rlstash_agent_checked", default=False)

@@ -20,7 +20,7 @@ from rlstash.spec import Field, Spec
 from rlstash.train.config import check_compression, check_replay_fields, flag, replay_field
 
 if TYPE_CHECKING:
-    from rlstash.diag.memory import MemoryPlan
+    from rlstash.memory import MemoryPlan
 
 RENAMED = {"buffer_size": ("--capacity",), "buffer_device": ("--device",)}
 """Plan's flag names before they became train's: still accepted, with a deprecation warning."""
@@ -129,7 +129,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print()
         print(stream)
     if not result.fits:
-        from rlstash.diag.memory import InsufficientMemoryError
+        from rlstash.memory import InsufficientMemoryError
 
         try:
             result.check()
@@ -150,7 +150,7 @@ def build_plan(args: argparse.Namespace | PlanConfig) -> tuple[MemoryPlan, str]:
 
 
 def _build_plan(args: PlanConfig) -> tuple[MemoryPlan, str]:
-    from rlstash.diag.memory import plan
+    from rlstash.memory import plan
 
     if args.env:
         spec = _env_spec(args.env, next_obs=True)

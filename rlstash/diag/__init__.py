@@ -1,1 +1,1 @@
-"""Diagnostics: memory planning before allocation, the machine doctor, run telemetry."""
+"""Diagnostics: the machine doctor, benchmarks, run telemetry, layout comparisons (memory planning is foundation code: :mod:`rlstash.memory`)."""

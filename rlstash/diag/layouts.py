@@ -20,7 +20,7 @@ def compare_layouts(
     least 3 dims whose first equals ``frame_stack`` (> 1) is taken as stacked frames
     (gymnasium's FrameStackObservation): the stream stores its newest frame only.
     """
-    from rlstash.diag.memory import human_bytes
+    from rlstash.memory import human_bytes
 
     step, k, stacked = transition_step(spec, frame_stack)
     naive = sum(StreamStorage.naive_bytes(step, capacity, k, stacked).values())

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from rlstash.core import Index, SampleContext
-from rlstash.diag.memory import check_host_state
 from rlstash.indices import as_rows
+from rlstash.memory import check_host_state
 from rlstash.sampler.checks import (
     REJECTION_ROUNDS,
     as_numpy,

@@ -36,7 +36,7 @@ import torch
 
 from rlstash.atomic import TMP_MARK, write_atomic
 from rlstash.core import Index, check_capacity
-from rlstash.diag.memory import InsufficientMemoryError, disk_free, exact_bytes, plan
+from rlstash.memory import InsufficientMemoryError, disk_free, exact_bytes, plan
 from rlstash.spec import Batch, Spec
 from rlstash.storage.disk_layout import (
     COMMIT,
@@ -211,8 +211,8 @@ def inspect(path: str | os.PathLike) -> tuple[dict[str, Any], Commit, dict[str, 
 class MemmapStorage(ArrayStorage):
     """Rows in one memory-mapped, fully reserved file per field under ``path``.
 
-    Creating checks free disk space first (:func:`rlstash.diag.memory.plan`, ``storage="disk"``)
-    and raises :class:`~rlstash.diag.memory.InsufficientMemoryError` (unless
+    Creating checks free disk space first (:func:`rlstash.memory.plan`, ``storage="disk"``)
+    and raises :class:`~rlstash.memory.InsufficientMemoryError` (unless
     ``allow_overcommit``) before anything is created. A directory with a ``meta.json``
     reopens instead (same spec and capacity required) at its last committed position. The
     writer's position is ``cursor`` / ``size`` plus ``extra``, a small JSON-serializable dict
@@ -437,7 +437,7 @@ class MemmapStorage(ArrayStorage):
         start, n = self._hole
         if not n:
             return None
-        from rlstash.diag.memory import check_host_state  # planned before it is allocated
+        from rlstash.memory import check_host_state  # planned before it is allocated
 
         check_host_state("MemmapStorage's torn-row mask", {"valid": self.capacity}, self.capacity)
         valid = np.ones(self.capacity, dtype=bool)

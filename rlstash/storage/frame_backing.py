@@ -31,7 +31,7 @@ class FrameBacking:
         frame_keys: list[str],
         allow_overcommit: bool = False,
     ) -> None:
-        from rlstash.diag.memory import plan
+        from rlstash.memory import plan
 
         self.spec, self.lanes, self.comp = spec, lanes, comp
         self.capacity = lanes.num_envs * lanes.L
@@ -136,7 +136,7 @@ class FrameBacking:
 def compression_note(spec: Spec, comp: FrameCompression, num_envs: int, L: int) -> str:
     """What ``rlstash plan`` says under the table: the budget per frame, what it holds when
     frames compress as planned, and the worst case (incompressible frames)."""
-    from rlstash.diag.memory import human_bytes
+    from rlstash.memory import human_bytes
 
     keys = frame_fields(spec, obs_names_of(spec))
     lines = []

@@ -33,8 +33,8 @@ import torch
 
 from rlstash.core import Index, check_capacity
 from rlstash.device import resolve_device, stream_order
-from rlstash.diag.memory import plan
 from rlstash.indices import normalize_index
+from rlstash.memory import plan
 from rlstash.spec import Batch, Spec, dtype_name
 from rlstash.storage.disk_layout import read_data
 
@@ -553,7 +553,7 @@ class TensorStorage(ArrayStorage):
     """One tensor ``[capacity, *field.shape]`` per field on ``device``, zero-filled.
 
     The footprint is planned and checked before allocating; with ``allow_overcommit=False``
-    a storage that does not fit raises :class:`~rlstash.diag.memory.InsufficientMemoryError`
+    a storage that does not fit raises :class:`~rlstash.memory.InsufficientMemoryError`
     naming the bytes needed and free and the fix.
     """
 

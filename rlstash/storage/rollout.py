@@ -55,8 +55,8 @@ from typing import Any
 
 import torch
 
-from rlstash.diag.memory import check_needs
 from rlstash.finite import OPT_OUT, check_finite, rows_where
+from rlstash.memory import check_needs
 from rlstash.spec import Batch, Field, Spec, flat_obs
 
 Obs = Any  # a tensor, or a dict of tensors by key (a dict observation)

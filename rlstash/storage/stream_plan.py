@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from rlstash.diag.memory import MemoryPlan, check_needs, plan
+from rlstash.memory import MemoryPlan, check_needs, plan
 from rlstash.spec import Spec
 from rlstash.storage.frame_backing import frame_plan_bytes
 from rlstash.storage.frames import FrameCompression, frame_fields

@@ -36,8 +36,8 @@ import torch
 
 from rlstash.core import Index, Storage
 from rlstash.device import CudaOps
-from rlstash.diag.memory import check_host_state
 from rlstash.indices import normalize_index
+from rlstash.memory import check_host_state
 from rlstash.spec import Batch, Spec
 from rlstash.storage import register_kind
 from rlstash.storage.ram import TensorStorage, spec_mismatch

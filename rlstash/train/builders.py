@@ -365,7 +365,7 @@ def make_buffer(
     reading ``cfg.n_steps``-step returns with the agent's ``gamma``. With ``frame_stack`` = k > 1
     (default: ``cfg.history``; Atari: 4) observations arrive as windows [k, ...] and only the
     newest frame of each is stored; reads rebuild the windows."""
-    from rlstash.diag.memory import InsufficientMemoryError
+    from rlstash.memory import InsufficientMemoryError
     from rlstash.storage import MemmapStorage, ReadSpec, StreamStorage, TensorStorage, TieredStorage
 
     if cfg.storage not in STORAGES:
@@ -409,7 +409,7 @@ def restore_buffer(run_dir: Path, learner_device: torch.device) -> ReplayBuffer:
 def describe_memory(rb: ReplayBuffer, agent: Any) -> str:
     """The memory plan printed at start: buffer bytes per place and network bytes."""
     from rlstash.agents.nets import param_bytes
-    from rlstash.diag.memory import human_bytes
+    from rlstash.memory import human_bytes
 
     lines = [
         f"replay buffer: {type(rb.storage).__name__}, {rb.capacity} slots, {human_bytes(rb.storage.nbytes)} on {rb.storage.device}"

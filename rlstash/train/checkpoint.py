@@ -123,7 +123,7 @@ def _write_failure(err: BaseException, run_dir: Path) -> str | None:
     """Why a checkpoint write failed, in words (None: not a write failure, re-raised). torch
     reports a failed write as a RuntimeError ("enforce fail at inline_container.cc...",
     "PytorchStreamWriter failed writing"); its OSError cause (or the free space) says more."""
-    from rlstash.diag.memory import disk_free, human_bytes
+    from rlstash.memory import disk_free, human_bytes
 
     exc: BaseException | None = err
     for _ in range(10):  # the OSError behind ``err`` (itself, or in its chain of causes)

@@ -64,7 +64,7 @@ class OnPolicyRun:
 
     def describe(self) -> str:
         from rlstash.agents.nets import param_bytes
-        from rlstash.diag.memory import human_bytes
+        from rlstash.memory import human_bytes
 
         nets = param_bytes(*self.agent.nets.values())
         return (

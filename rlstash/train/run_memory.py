@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rlstash.agents.planning import AgentMemoryError, measure
-from rlstash.diag.memory import InsufficientMemoryError, human_bytes, plan
+from rlstash.memory import InsufficientMemoryError, human_bytes, plan
 from rlstash.train.config import flag
 
 

@@ -307,7 +307,7 @@ def test_verify_scans_every_written_row_for_non_finite_values_in_chunks(run, mon
 def test_torchs_internal_write_error_becomes_the_file_and_the_disk_space(tmp_path, monkeypatch):
     """torch can report a failed write as "[enforce fail at inline_container.cc...]" with no
     OSError behind it: the message then says what the free space says, never torch's text."""
-    from rlstash.diag import memory
+    from rlstash import memory
 
     def failing_save(obj, f):
         f.write(b"PK")

@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 
-from rlstash.diag.memory import InsufficientMemoryError
+from rlstash.memory import InsufficientMemoryError
 from rlstash.spec import Spec
 
 HUGE = 10**12  # rows, slots or actions: terabytes, beyond any machine
