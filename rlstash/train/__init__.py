@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from rlstash.train import algos as algos  # registers the built-in algorithms (config.ALGOS)
+
 _EXPORTS = {
     "TrainConfig": "rlstash.train.config",
     "train": "rlstash.train.loop",
