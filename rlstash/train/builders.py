@@ -8,7 +8,7 @@
     store = learning.make_store(...)                # make_buffer (stream replay) | RolloutStorage
     agent = make_agent(cfg, agent_cfg, ...)         # the algorithm's learner for the action space
     limiter = learning.make_limiter(cfg)            # updates per inserted frame (replay only)
-    collector = Collector(...) | ray_run.make_collector(...)   # --ray: a collector choice
+    collector, publish = make_collector(...)        # Collector, or with --ray a RayCollector
     eval_collector = Collector(learning.make_eval_env(...))
     # the loop (:func:`rlstash.train.loop.run_loop`) then runs them
 
@@ -40,7 +40,7 @@ from rlstash.train.run import Learning, Run, make_run_dir, step_spec
 
 __all__ = [
     "DEFAULT_THRESHOLDS", "LEARNING", "REPLAY", "EnvInfo", "Run", "build_run", "collect_frames",
-    "describe_memory", "is_batched", "make_agent", "make_batched_env", "make_buffer",
+    "describe_memory", "is_batched", "make_agent", "make_batched_env", "make_buffer", "make_collector",
     "make_eval_env", "make_limiter", "make_vec_env", "planned_updates", "probe_env",
     "resolve_device", "restore_buffer", "step_spec",
 ]  # fmt: skip
@@ -80,17 +80,12 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
         limiter = learning.make_limiter(cfg)
         frames = learning.collect_frames(cfg, agent_cfg)
         agent.planned_updates = learning.planned_updates(cfg, agent_cfg, limiter, frames)
-        publish = None
-        if cfg.ray:
-            collector = ray_run.make_collector(
-                cfg, agent_cfg, info, limiter, frames, cfg.seed + step, make_agent
-            )
-            env, publish = collector, ray_run.publish  # closing the run closes it
+        collector, publish = make_collector(
+            cfg, agent_cfg, info, env, agent, limiter, frames, cfg.seed + step
+        )
+        if env is None:  # Ray: the collector's actors hold the envs; closing the run closes it
+            env = collector
             undo.callback(collector.close)
-        else:
-            collector = Collector(
-                env, agent.act, frames, device=agent.act_device, seed=cfg.seed + step
-            )
         n_eval = min(cfg.eval_episodes, 10)
         recorder = video.Recorder(run_dir / "videos") if cfg.video else None
         eval_env = learning.make_eval_env(cfg, agent_cfg, info, n_eval, recorder)
@@ -109,6 +104,20 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
             run.step = step
         undo.pop_all()
     return run
+
+
+def make_collector(
+    cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, env: Any, agent: Any,
+    limiter: RateLimiter | None, frames: int, seed: int,
+) -> tuple[Any, Callable[[Run], None] | None]:  # fmt: skip
+    """(the run's collector of ``frames`` env steps per batch, how the learner's policy
+    reaches it): a :class:`Collector` stepping ``env`` with the agent itself in this process,
+    or with ``--ray`` a RayCollector whose actors hold the envs and CPU copies of the agent
+    (``ray_run.publish`` sends them the learner's policy)."""
+    if cfg.ray:
+        collector = ray_run.make_collector(cfg, agent_cfg, info, limiter, frames, seed, make_agent)
+        return collector, ray_run.publish
+    return Collector(env, agent.act, frames, device=agent.act_device, seed=seed), None
 
 
 class ReplayLearning(Learning):
