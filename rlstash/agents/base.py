@@ -119,7 +119,7 @@ def hp(default: Any, help: str) -> Any:
 class ConfigMixin:
     """Shared helpers of the agents' settings dataclasses (learner settings only: the loop's
     live in :class:`rlstash.train.config.TrainConfig`, per-env presets in
-    :mod:`rlstash.train.algos`)."""
+    :mod:`rlstash.presets`, registered with their algorithm in :mod:`rlstash.train.algos`)."""
 
     PRESETS: dict[str, dict[str, Any]] = {}  # env id -> settings of this config (optional)
 

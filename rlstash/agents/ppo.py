@@ -59,44 +59,15 @@ from rlstash.agents.gae import rollout_gae
 from rlstash.agents.normalize import ObsNormalizer, RewardScaler
 from rlstash.agents.policies import CategoricalActorCritic, GaussianActorCritic
 from rlstash.agents.ppo_grad import PPOGrad, normalized_advantages, unsupported
+from rlstash.presets import CLEANRL_MUJOCO as CLEANRL_MUJOCO  # the former names, re-exported
+from rlstash.presets import PPO_PRESETS
+from rlstash.presets import ZOO_HALF_CHEETAH as ZOO_HALF_CHEETAH
 from rlstash.settings import check_types
 from rlstash.storage.rollout import RolloutStorage
 
-# CartPole-v1 and HalfCheetah-v5: the tuned entries of rl-baselines3-zoo hyperparams/ppo.yml
-# (CartPole-v1, HalfCheetah-v3). The Zoo's HalfCheetah: VecNormalize of observations and rewards
-# (clip 10, the return discounted with the algorithm's gamma: norm_obs, norm_reward), 1 env,
-# constant learning rate and clip range, separate (256, 256) ReLU policy and value nets with
-# PyTorch's default init and log std starting at -2; SB3's value loss is the plain MSE, as ours.
-# Hopper-v5, Walker2d-v5, Ant-v5: CleanRL's ppo_continuous_action.py (its generic MuJoCo
-# setting; the Zoo's Ant entry is SB3's defaults with normalisation, close to it). HalfCheetah
-# had it too: 3-4x lower returns at 300k env steps than the Zoo's entry (bench/results/learn.md).
-CLEANRL_MUJOCO: dict[str, Any] = {
-    "rollout_steps": 2048, "minibatch_size": 64, "n_epochs": 10, "learning_rate": 3e-4,
-    "anneal_lr": True, "clip_range_vf": 0.2, "norm_obs": True, "norm_reward": True,
-}  # fmt: skip
-ZOO_HALF_CHEETAH: dict[str, Any] = {
-    "rollout_steps": 512, "minibatch_size": 64, "n_epochs": 20, "gamma": 0.98,
-    "gae_lambda": 0.92, "learning_rate": 2.0633e-05, "ent_coef": 0.000401762,
-    "clip_range": 0.1, "max_grad_norm": 0.8, "vf_coef": 0.58096, "norm_obs": True,
-    "norm_reward": True, "net_arch": (256, 256), "activation": "relu", "ortho_init": False,
-    "log_std_init": -2.0,
-}  # fmt: skip
-PRESETS: dict[str, dict[str, Any]] = {
-    "CartPole-v1": {
-        "num_envs": 8,
-        "rollout_steps": 32,
-        "minibatch_size": 256,
-        "gae_lambda": 0.8,
-        "gamma": 0.98,
-        "n_epochs": 20,
-        "ent_coef": 0.0,
-        "learning_rate": 1e-3,
-        "anneal_lr": True,
-        "anneal_clip_range": True,
-    },  # fmt: skip
-    "HalfCheetah-v5": dict(ZOO_HALF_CHEETAH),
-    **{env: dict(CLEANRL_MUJOCO) for env in ("Hopper-v5", "Walker2d-v5", "Ant-v5")},
-}
+# The per-env presets (the RL Zoo's and CleanRL's tuned entries) live with every algorithm's in
+# rlstash.presets; PPOConfig.for_env reads them.
+PRESETS = PPO_PRESETS
 BACKWARDS = ("auto", "written", "autograd")
 METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "grad_norm")
 

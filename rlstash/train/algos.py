@@ -29,10 +29,12 @@ from rlstash.agents.sac_discrete import DiscreteSAC, DiscreteSACConfig
 from rlstash.agents.td3 import TD3, TD3Config
 from rlstash.envs.atari import is_atari
 from rlstash.envs.batched import REFERENCE_IDS
+from rlstash.presets import DQN_PRESETS, PPO_ATARI, PPO_PRESETS, SAC_PRESETS, TD3_PRESETS
 from rlstash.settings import SettingError
-from rlstash.train.config import LOOP_SETTINGS, RUN_DEFAULTS, TrainConfig
+from rlstash.train.config import ALGOS, LOOP_SETTINGS, RUN_DEFAULTS, TrainConfig
 
 ACTION_KINDS = ("discrete", "continuous")
+STORES = ("replay", "rollout")
 DEFAULT_STEPS = 100_000
 """A run's env steps when ``steps`` is not given (an on-policy algorithm counts them in
 rollouts of its preset: :func:`rollout_budget`); the run stops earlier at the threshold."""
@@ -61,8 +63,14 @@ class Algo:
     """``budget(cfg, agent_cfg, preset_agent_cfg) -> steps``: the run's default ``steps``
     (None: :data:`DEFAULT_STEPS`); ``preset_agent_cfg`` is the agent config of the defaults and
     the env's preset alone, ``agent_cfg`` the run's (what the user gave on top)."""
+    store: str = "replay"
+    """What the run keeps its experience in, which decides how it learns: ``"replay"``
+    (off-policy: a replay buffer sampled at a rate-limited ratio, :mod:`rlstash.train.builders`)
+    or ``"rollout"`` (on-policy: one rollout per update, :mod:`rlstash.train.onpolicy`)."""
 
     def __post_init__(self) -> None:
+        if self.store not in STORES:
+            raise ValueError(f"algo {self.name}: store must be one of {STORES}, got {self.store!r}")
         missing = set(LOOP_SETTINGS) - set(self.loop)
         if missing or set(self.learners) - set(ACTION_KINDS):
             raise ValueError(
@@ -85,6 +93,11 @@ class Algo:
                     f"algo {self.name}: preset {env_id} has unknown settings {sorted(set(preset) - known)}"
                 )
 
+    @property
+    def on_policy(self) -> bool:
+        """Whether the algorithm learns from rollouts of its current policy (no replay)."""
+        return self.store == "rollout"
+
     def learner(self, act_space: Any, env_id: str) -> Learner:
         """The learner for ``act_space``, or a ValueError naming the algorithms that fit."""
         kind = action_kind(act_space)
@@ -96,9 +109,6 @@ class Algo:
         raise ValueError(
             f"algo {self.name}: needs {want} action space, env {env_id} has {act_space}; {fix}"
         )
-
-
-ALGOS: dict[str, Algo] = {}
 
 
 def register(algo: Algo) -> Algo:
@@ -190,63 +200,6 @@ def _build_box(cls: type) -> Callable[..., Any]:
     return build
 
 
-# Tuned presets (bench/learn.py, bench/results/learn.md). CartPole-v1 starts from the RL Zoo's
-# (rl-baselines3-zoo hyperparams/dqn.yml: lr 2.3e-3, batch 64, 128 updates every 256 env steps,
-# target frozen through each burst, epsilon 1 -> 0.04 over 16% of 50k steps) and changes:
-# - net (64, 64) instead of (256, 256): ~2x cheaper updates, learns as fast here;
-# - 5-step returns (rebuilt by the stream storage): value reaches back 5x faster per target copy;
-# - the learning rate decays linearly to 0 over total_steps (the zoo's "lin_" schedule): with a
-#   constant 2.3e-3, Q-values overshoot 1 / (1 - gamma) once the policy balances and the greedy
-#   policy collapses (seen on most seeds between 25k and 40k steps);
-# - buffer_size = total_steps (the zoo's 100k never fills in its 50k steps; a buffer sized to the
-#   run samples valid rows without rejection rounds).
-DQN_PRESETS: dict[str, dict[str, Any]] = {
-    "CartPole-v1": dict(
-        learning_rate=2.3e-3,
-        lr_schedule="linear",
-        batch_size=64,
-        buffer_size=50_000,
-        learning_starts=1000,
-        gamma=0.99,
-        n_steps=5,
-        target_update_interval=128,
-        train_freq=256,
-        gradient_steps=128,
-        exploration_fraction=0.16,
-        exploration_final_eps=0.04,
-        net_arch=(64, 64),
-        total_steps=50_000,
-    ),
-}
-
-# Any ALE id (rlstash.envs.atari preprocessing, stacks of 4 rebuilt by the stream storage, the
-# Nature CNN): CleanRL's dqn_atari.py (= the RL Zoo's atari DQN but for learning_starts) with
-# - buffer_size 100,000 frames (the RL Zoo's; CleanRL's 1,000,000 is 7 GB of frames, more than
-#   the memory planner grants on a 24 GB machine shared with others; give --buffer-size to raise
-#   it where RAM allows);
-# - target_update_interval 250 updates = CleanRL's 1,000 env steps at train_freq 4;
-# - the Huber loss and gradient-norm clip 10 of SB3 (CleanRL: MSE, no clip), double DQN;
-# - evaluation every 50,000 steps on 10 full games (unclipped score, all lives);
-# - a checkpoint every 50,000 steps (not the default 10,000: each one writes the whole replay,
-#   0.7 GB at 100,000 frames).
-DQN_PRESETS["atari"] = dict(
-    learning_rate=1e-4, batch_size=32, buffer_size=100_000, learning_starts=80_000,
-    gamma=0.99, n_steps=1, train_freq=4, gradient_steps=1, target_update_interval=250,
-    exploration_fraction=0.1, exploration_final_eps=0.01, total_steps=10_000_000,
-    eval_every=50_000, eval_episodes=10, checkpoint_every=50_000,
-)  # fmt: skip
-
-# Pendulum-v1 starts from the RL Zoo's (hyperparams/sac.yml: lr 1e-3, 20k steps, SB3 defaults
-# otherwise) and changes:
-# - net (64, 64) instead of (256, 256): updates ~3x cheaper, learns as fast in env steps;
-# - 2-step returns: first evaluation >= -200 a little earlier (3-step was earlier still but
-#   left one seed of three stuck near -190);
-# - buffer_size = 20k, the run's length (1M would hold the 20k steps of the run 50 times over;
-#   a buffer sized to the run samples valid rows without rejection rounds).
-SAC_PRESETS: dict[str, dict[str, Any]] = {
-    "Pendulum-v1": dict(learning_rate=1e-3, net_arch=(64, 64), n_steps=2, buffer_size=20_000),
-}
-
 register(
     Algo(
         "dqn",
@@ -310,19 +263,9 @@ def _build_ppo(obs_shape: tuple[int, ...], act_space: Any, config: Any, device: 
     return PPO(obs_shape, bounds=(act_space.low, act_space.high), config=config, device=device)
 
 
-# Any ALE id: CleanRL's ppo_atari.py: 8 envs x 128 steps, 4 minibatches (of 256), 4 epochs,
-# lr 2.5e-4 annealed, clip 0.1 (not annealed) on the ratio and the value, entropy 0.01,
-# gradient-norm clip 0.5, one Nature CNN shared by actor and critic (rlstash.agents.policies).
-# CleanRL's value loss is 0.5 * mean(max(...)) times vf_coef 0.5; ours has no 0.5, so 0.25.
-PPO_ATARI: dict[str, Any] = dict(
-    num_envs=8, rollout_steps=128, minibatch_size=256, n_epochs=4, learning_rate=2.5e-4,
-    anneal_lr=True, gamma=0.99, gae_lambda=0.95, clip_range=0.1, clip_range_vf=0.1,
-    ent_coef=0.01, vf_coef=0.25, max_grad_norm=0.5, eval_every=50_000, eval_episodes=10,
-)  # fmt: skip
-
-# PPO collects a rollout and updates on it (rlstash.train.onpolicy): it has no replay, so the
+# PPO collects a rollout and updates on it (store "rollout": rlstash.train.onpolicy): it has no replay, so the
 # replay settings are unused (None); its rollout and minibatch sizes are agent settings
-# (rollout_steps, minibatch_size, num_envs). Presets: PPOConfig.PRESETS (CartPole-v1 and
+# (rollout_steps, minibatch_size, num_envs). Presets: rlstash.presets (CartPole-v1 and
 # HalfCheetah-v5: the RL Zoo's tuned entries; Hopper, Walker2d, Ant: CleanRL's
 # ppo_continuous_action).
 register(
@@ -333,24 +276,12 @@ register(
             "continuous": Learner(PPOConfig, _build_ppo),
         },
         loop=dict.fromkeys(LOOP_SETTINGS),
-        presets={**{env: dict(p) for env, p in PPOConfig.PRESETS.items()}, "atari": PPO_ATARI},
+        presets={**{env: dict(p) for env, p in PPO_PRESETS.items()}, "atari": PPO_ATARI},
         help="PPO (Discrete or 1-D Box actions; on-policy: rollouts, no replay)",
         budget=rollout_budget,
+        store="rollout",
     )
 )
-
-# TD3 Pendulum-v1 starts from the RL Zoo's (hyperparams/td3.yml: lr 1e-3, gamma 0.98, Gaussian
-# exploration noise 0.1, 20k steps, net (400, 300), learning_starts 10,000 random steps) and
-# changes:
-# - net (64, 64) instead of (400, 300): updates ~10x cheaper in FLOPs, learns as fast here;
-# - 1,000 random steps and learning_starts 1,000 instead of 10,000 (half of the zoo's run);
-# - buffer_size = 20k, the run's length.
-TD3_PRESETS: dict[str, dict[str, Any]] = {
-    "Pendulum-v1": dict(
-        learning_rate=1e-3, gamma=0.98, net_arch=(64, 64), exploration_noise=0.1,
-        random_steps=1000, learning_starts=1000, buffer_size=20_000,
-    ),
-}  # fmt: skip
 
 register(
     Algo(

@@ -1,16 +1,21 @@
-"""Set-up of a training run, top to bottom (:func:`build_run`)::
+"""Set-up of a training run, top to bottom (:func:`build_run`), like Acme's
+``run_experiment``: env source -> store -> agent -> collector -> loop::
 
-    env_info = probe_env(cfg.env, cfg.history)      # spaces and reward threshold; refuses bad ids
+    learning = LEARNING[ALGOS[cfg.algo].store]      # what differs: REPLAY or onpolicy.ROLLOUT
+    info = probe_env(cfg.env, cfg.history)          # spaces and reward threshold; refuses bad ids
     cfg, agent_cfg = algos.resolve(cfg, ...)        # defaults < env preset < what was given
-    env = make_vec_env(cfg)                         # ProcessPoolVectorEnv (workers or in-process)
-    rb = make_buffer(cfg, spec, run_dir, ...)       # stream replay: ram | disk | tiered
+    env = learning.make_env(...)                    # make_vec_env: ProcessPoolVectorEnv | batched
+    store = learning.make_store(...)                # make_buffer (stream replay) | RolloutStorage
     agent = make_agent(cfg, agent_cfg, ...)         # the algorithm's learner for the action space
-    limiter = make_limiter(cfg)                     # updates per inserted frame
-    collector, eval_collector = ...                 # the loop (:mod:`.loop`) then runs them
+    limiter = learning.make_limiter(cfg)            # updates per inserted frame (replay only)
+    collector, publish = make_collector(...)        # Collector, or with --ray a RayCollector
+    eval_collector = Collector(learning.make_eval_env(...))
+    # the loop (:func:`rlstash.train.loop.run_loop`) then runs them
 
-Every refusal happens before the first step, as one ValueError line with the fix (an unknown
-env id, an action space the algorithm cannot handle, a buffer that does not fit), and what was
-built before a refusal is closed again.
+Env construction is :mod:`rlstash.envs.make` (``probe_env``, ``make_vec_env``... are
+re-exported here). Every refusal happens before the first step, as one ValueError line with
+the fix (an unknown env id, an action space the algorithm cannot handle, a buffer that does
+not fit), and what was built before a refusal is closed again.
 """
 
 from __future__ import annotations
@@ -18,291 +23,182 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import shutil
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlstash.collect.sync import Collector
+from rlstash.envs import make as envs_make
+from rlstash.envs.make import EnvInfo, is_batched, make_eval_env, make_vec_env, probe_env
 from rlstash.ratelimit import RateLimiter
 from rlstash.replay import ReplayBuffer
-from rlstash.spec import Field, Spec
-from rlstash.train import algos, checkpoint, ray_run, run_memory, video
+from rlstash.spec import Spec
+from rlstash.train import algos, checkpoint, onpolicy, ray_run, run_memory, video
 from rlstash.train.config import STORAGES, TrainConfig
+from rlstash.train.run import Learning, Run, make_run_dir, step_spec
 
-DEFAULT_THRESHOLDS = {"Pendulum-v1": -200.0, "rlstash/Pendulum-v1": -200.0}
-
-
-@dataclass
-class EnvInfo:
-    """What a run needs to know of its env before making any: spaces and reward threshold."""
-
-    obs_space: Any
-    act_space: Any
-    threshold: float | None
-    frame_stack: int = 1  # observations are windows of this many frames (history, Atari)
-
-
-@dataclass
-class Run:
-    """The objects of one run, built (or restored) before the first step, and its counters."""
-
-    cfg: TrainConfig  # resolved: every loop setting filled in, ``agent`` complete
-    run_dir: Path
-    threshold: float | None
-    device: torch.device
-    env: Any
-    rb: ReplayBuffer
-    agent: Any
-    limiter: RateLimiter
-    collector: Any  # a Collector, or with --ray a RayCollector (then also ``env``)
-    eval_collector: Collector
-    step: int = 0
-    train_seconds: float = 0.0
-    evals: list[dict[str, Any]] = field(default_factory=list)
-    recorder: video.Recorder | None = None  # --video: records an episode per evaluation
-    settings: dict[str, Any] = field(default_factory=dict)  # checked when a checkpoint loads
-
-    @property
-    def frames_per_collect(self) -> int:
-        return self.collector.steps_per_batch * self.collector.num_envs
-
-    def close(self) -> None:
-        self.env.close()
-        self.eval_collector.env.close()
-        self.rb.close()
-
-    def state(self) -> dict[str, Any]:
-        """What a checkpoint holds besides the buffer."""
-        return {
-            "step": self.step,
-            "train_seconds": self.train_seconds,
-            "config": dataclasses.asdict(self.cfg),
-            "agent": self.agent.state_dict(),
-            "limiter": self.limiter.state_dict(),
-            "evals": self.evals,
-            "settings": self.settings,
-        }
+__all__ = [
+    "DEFAULT_THRESHOLDS", "LEARNING", "REPLAY", "EnvInfo", "Run", "build_run", "collect_frames",
+    "describe_memory", "is_batched", "make_agent", "make_batched_env", "make_buffer", "make_collector",
+    "make_eval_env", "make_limiter", "make_vec_env", "planned_updates", "probe_env",
+    "resolve_device", "restore_buffer", "step_spec",
+]  # fmt: skip
+DEFAULT_THRESHOLDS = envs_make.DEFAULT_THRESHOLDS
+make_batched_env = envs_make.make_batched_env
+_factory = envs_make.factory  # the former private name
 
 
 def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = None) -> Run:
     """Everything a run needs, from its config (and a checkpoint's ``state`` when resuming).
     Settings are checked before ``run_dir`` is created; a run refused later removes it again.
-    On-policy algorithms (PPO) get an :class:`rlstash.train.onpolicy.OnPolicyRun` instead
-    (a rollout storage, no replay buffer or rate limiter)."""
-    from rlstash.train import onpolicy
-
+    What differs between off- and on-policy algorithms is the :class:`Learning` of the store
+    their registry entry names (:attr:`rlstash.train.algos.Algo.store`)."""
+    learning = LEARNING[algos.ALGOS[cfg.algo].store]
     if cfg.ray:
         ray_run.check(cfg)
-    if cfg.algo in onpolicy.ALGOS:
-        return onpolicy.build_onpolicy_run(cfg, run_dir, state)
     torch.set_num_threads(cfg.torch_threads)
+    learning.check(cfg)
     info = probe_env(cfg.env, cfg.history)
+    given = dict(cfg.agent)
     cfg, agent_cfg = algos.resolve(cfg, info.act_space)
+    cfg, agent_cfg = learning.resolve(cfg, agent_cfg, given)
     device = resolve_device(cfg.device, "device")
-    if is_batched(cfg.env):  # its batches stay on its device: the buffer lives there too
-        cfg = dataclasses.replace(cfg, buffer_device=str(device))
-    resolve_device(cfg.buffer_device, "buffer_device")
+    cfg = learning.place(cfg, device)
     if cfg.video:
         video.check_available()
     step = state["step"] if state else 0
     with contextlib.ExitStack() as undo:  # a refused run closes what it built
-        if not run_dir.exists():
-            top = run_dir  # the outermost directory this run creates
-            while not top.parent.exists():
-                top = top.parent
-            undo.callback(shutil.rmtree, top, ignore_errors=True)
-            run_dir.mkdir(parents=True)
-        if state is None:  # buffer and agent first: each is refused before it allocates
-            spec = step_spec(info.obs_space, info.act_space)
-            rb = make_buffer(cfg, spec, run_dir, agent_cfg.gamma, device, info.frame_stack)
-        else:
-            rb = restore_buffer(run_dir, device)
-        undo.callback(rb.close)
+        make_run_dir(run_dir, undo)
+        # store and agent first: each is refused before it allocates (invariant I2)
+        store = learning.make_store(cfg, agent_cfg, info, run_dir, device, state)
+        undo.callback(learning.close_store, store)
         agent = make_agent(cfg, agent_cfg, info, device)
         env = None
         if not cfg.ray:  # else the collector's Ray actors hold the envs
-            env = make_vec_env(cfg.env, cfg.envs, cfg.workers, None, cfg.history, device)
+            env = learning.make_env(cfg, agent_cfg, info, device)
             undo.callback(env.close)
-        limiter = make_limiter(cfg)
-        agent.planned_updates = planned_updates(cfg, limiter)  # compile="auto" reads it
-        if cfg.ray:
-            frames = collect_frames(cfg)
-            collector = ray_run.make_collector(
-                cfg, agent_cfg, info, limiter, frames, cfg.seed + step
-            )
-            env = collector  # closing the run closes it
+        limiter = learning.make_limiter(cfg)
+        frames = learning.collect_frames(cfg, agent_cfg)
+        agent.planned_updates = learning.planned_updates(cfg, agent_cfg, limiter, frames)
+        collector, publish = make_collector(
+            cfg, agent_cfg, info, env, agent, limiter, frames, cfg.seed + step
+        )
+        if env is None:  # Ray: the collector's actors hold the envs; closing the run closes it
+            env = collector
             undo.callback(collector.close)
-        else:
-            collector = Collector(
-                env, agent.act, collect_frames(cfg), device=agent.act_device, seed=cfg.seed + step
-            )
         n_eval = min(cfg.eval_episodes, 10)
         recorder = video.Recorder(run_dir / "videos") if cfg.video else None
-        eval_env = make_eval_env(cfg.env, n_eval, cfg.history, recorder)
+        eval_env = learning.make_eval_env(cfg, agent_cfg, info, n_eval, recorder)
         undo.callback(eval_env.close)
         eval_collector = Collector(eval_env, agent.act, n_eval, device=agent.act_device)
-        threshold = cfg.threshold
-        if threshold is None:
-            threshold = DEFAULT_THRESHOLDS.get(cfg.env, info.threshold)
-        run = Run(cfg, run_dir, threshold, device, env, rb, agent, limiter, collector, eval_collector)  # fmt: skip
-        run.recorder, run.settings = recorder, checkpoint.settings(cfg, info)
+        threshold = envs_make.threshold_of(cfg.env, info, cfg.threshold)
+        run = Run(cfg, run_dir, threshold, device, env, store, agent, collector, eval_collector,
+                  learning, limiter, recorder=recorder, publish=publish)  # fmt: skip
+        run.settings = checkpoint.settings(cfg, info)
         if state is not None:
             with checkpoint.reading(run_dir / checkpoint.NAME / checkpoint.STATE):
                 agent.load_state_dict(state["agent"])
-                limiter.load_state_dict(state["limiter"])
+                if limiter is not None:
+                    limiter.load_state_dict(state["limiter"])
                 run.train_seconds, run.evals = state["train_seconds"], state["evals"]
             run.step = step
         undo.pop_all()
     return run
 
 
-def probe_env(env_id: str, history: int = 0) -> EnvInfo:
-    """Spaces and reward threshold of one env, or a clear error. With ``history`` = k > 0 the
-    observation space is that of windows of the last k observations
-    (:func:`rlstash.envs.history.make_windowed`); plain 1-D Box observations only."""
-    import gymnasium as gym
-
-    from rlstash.envs.atari import FRAME_STACK, is_atari, make_atari
-    from rlstash.envs.registry import make
-
-    if history and is_atari(env_id):
-        raise ValueError(
-            f"history: {env_id} already sees stacks of {FRAME_STACK} frames (Atari preprocessing); "
-            "drop --history"
-        )
-    try:  # ALE/..., dm_control/..., module:EnvId import their package; ALE: preprocessed
-        env = make_atari(env_id, train=False) if is_atari(env_id) else make(env_id)
-    except gym.error.Error as exc:
-        raise ValueError(
-            f"env: cannot make {env_id!r} ({exc}); see gymnasium.pprint_registry()"
-        ) from None
-    except ImportError as exc:
-        raise ValueError(f"env: {env_id!r} needs a package that is missing: {exc}") from None
-    try:
-        threshold = env.spec.reward_threshold if env.spec is not None else None
-        obs_space, act_space = env.observation_space, env.action_space
-    finally:
-        env.close()
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise ValueError(
-            f"env {env_id}: observation space {obs_space} is not a Box; the training loop needs array "
-            "observations (wrap the env with gymnasium.wrappers.FlattenObservation; in the "
-            "library, PPO takes the dict observations of batched torch envs: "
-            "PPO(rlstash.obs_shapes(space), ...) with a RolloutStorage)"
-        )
-    if history:
-        if len(obs_space.shape) != 1:
-            raise ValueError(
-                f"history: needs 1-D Box observations, env {env_id} has {obs_space}; "
-                "drop --history or flatten the observations"
-            )
-        if not isinstance(act_space, gym.spaces.Discrete):
-            raise ValueError(
-                f"history: needs a Discrete action space (dqn or discrete sac), env {env_id} has "
-                f"{act_space}; drop --history"
-            )
-        from gymnasium.vector.utils import batch_space
-
-        obs_space = batch_space(obs_space, history)  # what FrameStackObservation declares
-        return EnvInfo(obs_space, act_space, threshold, history)
-    stack = FRAME_STACK if is_atari(env_id) else 1
-    return EnvInfo(obs_space, act_space, threshold, stack)
+def make_collector(
+    cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, env: Any, agent: Any,
+    limiter: RateLimiter | None, frames: int, seed: int,
+) -> tuple[Any, Callable[[Run], None] | None]:  # fmt: skip
+    """(the run's collector of ``frames`` env steps per batch, how the learner's policy
+    reaches it): a :class:`Collector` stepping ``env`` with the agent itself in this process,
+    or with ``--ray`` a RayCollector whose actors hold the envs and CPU copies of the agent
+    (``ray_run.publish`` sends them the learner's policy)."""
+    if cfg.ray:
+        collector = ray_run.make_collector(cfg, agent_cfg, info, limiter, frames, seed, make_agent)
+        return collector, ray_run.publish
+    return Collector(env, agent.act, frames, device=agent.act_device, seed=seed), None
 
 
-def _factory(env_id: str, history: int, train: bool = True, **kwargs: Any) -> Any:
-    """A picklable env factory (windowed envs with ``history``; ALE ids preprocessed for
-    training or evaluation, :mod:`rlstash.envs.atari`; the modules are torch-free)."""
-    from rlstash.envs.atari import is_atari, make_atari
-    from rlstash.envs.history import make_windowed
-    from rlstash.envs.registry import make
+class ReplayLearning(Learning):
+    """Off-policy learning: collect ``train_freq`` env steps into a replay buffer, then as
+    many updates on sampled batches as the rate limiter allows (``gradient_steps`` per
+    ``train_freq`` env steps once ``learning_starts`` were stored)."""
 
-    if is_atari(env_id):
-        return functools.partial(make_atari, env_id, train, **kwargs)
-    if history:
-        return functools.partial(make_windowed, env_id, history, **kwargs)
-    return functools.partial(make, env_id, **kwargs)
+    name = "replay"
 
+    def place(self, cfg: TrainConfig, device: torch.device) -> TrainConfig:
+        if is_batched(cfg.env):  # its batches stay on its device: the buffer lives there too
+            cfg = dataclasses.replace(cfg, buffer_device=str(device))
+        resolve_device(cfg.buffer_device, "buffer_device")
+        return cfg
 
-def is_batched(env_id: str) -> bool:
-    """Whether ``env_id`` is one of rlstash's batched torch envs (``rlstash/CartPole-v1``...)."""
-    from rlstash.envs.batched import ENV_IDS
+    def make_env(
+        self, cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, device: torch.device
+    ) -> Any:
+        return make_vec_env(cfg.env, cfg.envs, cfg.workers, None, cfg.history, device)
 
-    return env_id in ENV_IDS
+    def make_store(
+        self, cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, run_dir: Path,
+        device: torch.device, state: dict[str, Any] | None,
+    ) -> ReplayBuffer:  # fmt: skip
+        if state is not None:
+            return restore_buffer(run_dir, device)
+        spec = step_spec(info.obs_space, info.act_space)
+        return make_buffer(cfg, spec, run_dir, agent_cfg.gamma, device, info.frame_stack)
 
+    def make_limiter(self, cfg: TrainConfig) -> RateLimiter:
+        return make_limiter(cfg)
 
-def make_vec_env(
-    env_id: str,
-    num_envs: int,
-    workers: int | str,
-    seed: int | None,
-    history: int = 0,
-    device: torch.device | None = None,
-) -> Any:
-    """A vectorized env: a batched torch env on ``device`` for rlstash's batched ids, else
-    rlstash's ProcessPoolVectorEnv (``workers=0`` steps in-process)."""
-    from rlstash.envs import ProcessPoolVectorEnv
+    def collect_frames(self, cfg: TrainConfig, agent_cfg: Any) -> int:
+        return collect_frames(cfg)
 
-    if is_batched(env_id):
-        return make_batched_env(env_id, num_envs, workers, device, history)
+    def planned_updates(
+        self, cfg: TrainConfig, agent_cfg: Any, limiter: RateLimiter, frames: int
+    ) -> int:
+        return planned_updates(cfg, limiter)  # compile="auto" reads it
 
-    from rlstash.envs.atari import is_atari
+    def make_eval_env(
+        self, cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, num_envs: int, recorder: Any
+    ) -> Any:
+        return make_eval_env(cfg.env, num_envs, cfg.history, recorder)
 
-    # a plain id: ProcessPoolVectorEnv makes it itself
-    source = _factory(env_id, history) if history or is_atari(env_id) else env_id
-    return ProcessPoolVectorEnv(source, num_envs=num_envs, num_workers=workers, seed=seed)
+    def describe(self, run: Run) -> str:
+        return describe_memory(run.rb, run.agent)
 
+    def resumed(self, run: Run) -> str:
+        return f"resumed at step {run.step} with {len(run.rb)} stored slots"
 
-def make_batched_env(
-    env_id: str,
-    num_envs: int,
-    workers: int | str,
-    device: torch.device | None,
-    history: int = 0,
-    same_step: bool = False,
-) -> Any:
-    """One of rlstash's batched torch envs on ``device`` (next-step or same-step autoreset)."""
-    import gymnasium as gym
-    from gymnasium.vector import AutoresetMode
+    def iterate(self, run: Run) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        cfg, agent, rb, limiter = run.cfg, run.agent, run.rb, run.limiter
 
-    from rlstash.envs.batched import REFERENCE_IDS
+        def iterate(metrics: dict[str, Any]) -> dict[str, Any]:
+            batch = run.collector.collect()
+            rb.extend(batch)
+            limiter.on_insert(run.frames_per_collect)
+            run.step += run.frames_per_collect
+            updates = agent.updates
+            while limiter.can_sample():
+                metrics = agent.update(rb.sample(cfg.batch_size))
+                limiter.on_sample()
+            if run.publish is not None and agent.updates != updates:
+                run.publish(run)  # --ray: the new policy to the actors (one ray.put)
+            return metrics
 
-    if history:
-        raise ValueError(
-            f"history: {env_id} is a batched torch env, which has no observation windows; "
-            f"drop --history or use {REFERENCE_IDS[env_id]}"
-        )
-    if workers not in (0, "auto"):
-        raise ValueError(
-            f"workers: {env_id} steps all its envs in this process on --device, got "
-            f"--workers {workers}; drop --workers (or use {REFERENCE_IDS[env_id]})"
-        )
-    mode = AutoresetMode.SAME_STEP if same_step else AutoresetMode.NEXT_STEP
-    return gym.make_vec(
-        env_id,
-        num_envs=num_envs,
-        vectorization_mode="vector_entry_point",
-        device=device or "cpu",
-        autoreset_mode=mode,
-    )
+        return iterate
+
+    def save(self, run: Run) -> Path:
+        return checkpoint.save(run.run_dir, run.state(), run.rb)
+
+    def close_store(self, store: ReplayBuffer) -> None:
+        store.close()
 
 
-def make_eval_env(
-    env_id: str, num_envs: int, history: int = 0, recorder: video.Recorder | None = None
-) -> Any:
-    """Evaluation envs stepped in-process (evaluation is short and must not disturb training).
-    ALE ids play full games with unclipped scores; with a ``recorder`` env 0 renders and
-    records the episodes it is asked to (:mod:`rlstash.train.video`)."""
-    from gymnasium.vector import SyncVectorEnv
-
-    factories = [_factory(env_id, history, train=False)] * num_envs
-    if recorder is not None:
-        factories[0] = recorder.wrap(
-            _factory(env_id, history, train=False, render_mode="rgb_array")
-        )
-    return SyncVectorEnv(factories)
+REPLAY = ReplayLearning()
+LEARNING: dict[str, Learning] = {"replay": REPLAY, "rollout": onpolicy.ROLLOUT}
+"""Store name (:attr:`rlstash.train.algos.Algo.store`) -> the :class:`Learning` of its runs."""
 
 
 def make_agent(cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, device: torch.device) -> Any:
@@ -339,18 +235,6 @@ def collect_frames(cfg: TrainConfig) -> int:
     """Env steps per collection: ``train_freq`` rounded down to a multiple of the envs (>= 1
     step of every env; >= 2 on Ray, whose chunks may start with a bridge row)."""
     return max(2 if cfg.ray else 1, cfg.train_freq // cfg.lanes) * cfg.lanes
-
-
-def step_spec(obs_space: Any, act_space: Any) -> Spec:
-    """What a collector step stores: obs and action (reward and flags are the stream's own)."""
-    from gymnasium import spaces
-
-    obs = Field(tuple(obs_space.shape), obs_space.dtype)
-    if isinstance(act_space, spaces.Discrete):
-        action = Field((), torch.int64)  # an index, never one-hot (seed 004)
-    else:
-        action = Field(tuple(act_space.shape), torch.float32)
-    return Spec({"obs": obs, "action": action})
 
 
 def make_buffer(

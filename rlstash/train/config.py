@@ -27,6 +27,10 @@ from rlstash.settings import SettingError, check_types
 from rlstash.settings import setting as s
 
 STORAGES = ("ram", "disk", "tiered")
+ALGOS: dict[str, Any] = {}
+"""The registry of algorithms, name -> :class:`rlstash.train.algos.Algo`: filled by
+:func:`rlstash.train.algos.register` (the built-in ones when :mod:`rlstash.train` is imported),
+read here to check ``algo``; config imports no algorithm."""
 COMPRESSIONS = ("none", "lz4", "zstd")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")  # characters a default run name does not keep
 
@@ -216,8 +220,6 @@ class TrainConfig:
                 "name", "one directory name (no '/', '\\', '.' or '..'; runs go under run_dir)",
                 self.name, "e.g. --name pong-lz4, or --run-dir for the parent directory",
             )  # fmt: skip
-        from rlstash.train.algos import ALGOS
-
         _one_of(self, "algo", tuple(ALGOS))
 
     def compression(self) -> Any:

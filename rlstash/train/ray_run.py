@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import importlib.util
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +28,15 @@ from rlstash.train.config import TrainConfig
 
 def check(cfg: TrainConfig) -> None:
     """Refuse what Ray collection cannot do, before anything is built."""
-    from rlstash.train import onpolicy
-    from rlstash.train.builders import is_batched
+    from rlstash.envs.make import is_batched
+    from rlstash.train.algos import ALGOS
 
     if not _address_ok(cfg.ray):
         raise ValueError(
             f"ray: expected 'local', 'auto' or a cluster address host:port (or ray://host:port), "
             f"got {cfg.ray!r}; e.g. --ray local"
         )
-    if cfg.algo in onpolicy.ALGOS:
+    if ALGOS[cfg.algo].on_policy:
         raise ValueError(
             f"ray: collection on Ray feeds a replay buffer; --algo {cfg.algo} is on-policy. "
             "Use --algo dqn, sac or td3, or drop --ray"
@@ -60,18 +61,24 @@ def _address_ok(address: str) -> bool:
 
 
 def make_collector(
-    cfg: TrainConfig, agent_cfg: Any, info: Any, limiter: Any, frames: int, seed: int
+    cfg: TrainConfig,
+    agent_cfg: Any,
+    info: Any,
+    limiter: Any,
+    frames: int,
+    seed: int,
+    make_agent: Callable[..., Any],
 ) -> Any:
-    """The run's RayCollector: ``cfg.ray_actors`` actors of ``cfg.envs`` envs each."""
+    """The run's RayCollector: ``cfg.ray_actors`` actors of ``cfg.envs`` envs each, whose
+    policies are ``make_agent(cfg, agent_cfg, info, cpu)`` (picklable: a module function)."""
     from rlstash.collect.ray import RayCollector
-    from rlstash.envs.atari import is_atari
-    from rlstash.train.builders import _factory
+    from rlstash.envs.make import vec_source
 
     # windows (--history) and Atari preprocessing are made in the actors' workers
-    source = _factory(cfg.env, cfg.history) if cfg.history or is_atari(cfg.env) else cfg.env
+    source = vec_source(cfg.env, cfg.history)
     return RayCollector(
         source,
-        functools.partial(actor_policy, cfg, agent_cfg, info),
+        functools.partial(actor_policy, make_agent, cfg, agent_cfg, info),
         num_actors=cfg.ray_actors,
         envs_per_actor=cfg.envs,
         frames_per_batch=frames,
@@ -82,11 +89,11 @@ def make_collector(
     )
 
 
-def actor_policy(cfg: TrainConfig, agent_cfg: Any, info: Any) -> Any:
+def actor_policy(
+    make_agent: Callable[..., Any], cfg: TrainConfig, agent_cfg: Any, info: Any
+) -> Any:
     """A CPU copy of the run's agent, built inside a Ray actor (seeded from the actor's torch
     seed, so actors explore differently); the actor loads the learner's policy into it."""
-    from rlstash.train.builders import make_agent
-
     agent_cfg = dataclasses.replace(agent_cfg, seed=torch.initial_seed() % 2**31)
     return make_agent(cfg, agent_cfg, info, torch.device("cpu"))
 
@@ -100,8 +107,8 @@ def publish(run: Any) -> None:
 def same_run(cfg: TrainConfig, saved: dict[str, Any]) -> list[str]:
     """The settings in which ``cfg`` (resolved as a new run would be) differs from a
     checkpoint's ``saved`` config (empty: the same run)."""
+    from rlstash.envs.make import probe_env
     from rlstash.train import algos
-    from rlstash.train.builders import probe_env
 
     resolved, _ = algos.resolve(cfg, probe_env(cfg.env, cfg.history).act_space)
     mine = dataclasses.asdict(resolved)

@@ -129,7 +129,7 @@ def read_checkpoint(
     TrainConfig, e.g. ``train(cfg, resume=...)``: its algorithm, env and history, and what it
     sets apart from the defaults) and against the env now, before any tensor is read;
     ``state.pt``'s size and SHA-256; ``torch.load``. ValueError lines otherwise."""
-    from rlstash.train.builders import probe_env
+    from rlstash.envs.make import probe_env
 
     ckpt = checkpoint.latest(run_dir)
     if ckpt is None:

@@ -160,7 +160,7 @@ def test_train_tells_the_agent_how_many_updates_the_run_takes(algo, tmp_path):
             assert run.agent.planned_updates == (1000 - 64) * 2 // 16
             assert builders.planned_updates(run.cfg, run.limiter) == run.agent.planned_updates
         else:
-            assert isinstance(run, onpolicy.OnPolicyRun)
+            assert run.learning is onpolicy.ROLLOUT
             # 1000 steps in rollouts of 32 x 2 = 64 frames: 16 rollouts of 3 epochs x 2 minibatches
             assert run.agent.planned_updates == 16 * 3 * 2
     finally:

@@ -89,13 +89,11 @@ def test_cli_trains_sac_on_batched_pendulum(tmp_path):
 def test_ppo_on_batched_cartpole_with_1024_envs(tmp_path):
     """``rlstash train --algo ppo --env rlstash/CartPole-v1 --envs 1024``: the env, the rollout
     storage and the learner on one device; a short run ends with a checkpoint."""
-    from rlstash.train.onpolicy import build_onpolicy_run
-
     agent = {"rollout_steps": 8, "minibatch_size": 4096, "n_epochs": 1, "net_arch": [16]}
     cfg = TrainConfig(algo="ppo", env="rlstash/CartPole-v1", envs=1024, steps=1024 * 8 * 3,
                       eval_every=1024 * 8 * 3, eval_episodes=2, run_dir=str(tmp_path),
                       name="ppo", quiet=True, device="cpu", agent=agent)  # fmt: skip
-    run = build_onpolicy_run(cfg, tmp_path / "probe")
+    run = builders.build_run(cfg, tmp_path / "probe")
     try:
         assert run.collector.batched is not None and run.collector.same_step
         assert run.rollout.device == run.env.device == run.agent.device

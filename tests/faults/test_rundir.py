@@ -27,7 +27,7 @@ from rlstash.manifest import DamagedFile
 from rlstash.replay import ReplayBuffer
 from rlstash.spec import Spec
 from rlstash.storage import MemmapStorage
-from rlstash.train import loop
+from rlstash.train import drive
 from rlstash.train.loop import TrainConfig, train
 from tests.procs import die_with_parent
 
@@ -69,7 +69,7 @@ def test_a_copied_and_a_moved_run_resume_from_their_own_buffer(tmp_path, monkeyp
     cfg = TrainConfig(steps=512, checkpoint_every=256, eval_every=256, eval_episodes=1,
                       quiet=True, device="cpu", storage=storage, run_dir=str(tmp_path / "runs"),
                       name="a", **TINY)  # fmt: skip
-    stop = monkeypatch.setattr(loop, "_evaluate", _interrupt)  # noqa: F841
+    stop = monkeypatch.setattr(drive, "_evaluate", _interrupt)  # noqa: F841
     with pytest.raises(KeyboardInterrupt):  # a checkpoint is written on Ctrl-C, then it stops
         train(cfg)
     monkeypatch.undo()

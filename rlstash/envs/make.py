@@ -1,0 +1,229 @@
+"""Env construction for a training run: probe an id, make its factories, its vectorized
+training env and its evaluation envs.
+
+::
+
+    info = probe_env("CartPole-v1")                    # spaces and reward threshold, or a ValueError
+    env = make_vec_env("CartPole-v1", 8, "auto", 0)    # ProcessPoolVectorEnv (or a batched torch env)
+    eval_env = make_eval_env("CartPole-v1", 10)        # in-process, full games for ALE ids
+
+Torch-free at import like the rest of :mod:`rlstash.envs` (a batched torch env loads torch
+when made); the factories are picklable, so workers and Ray actors make the same envs.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_THRESHOLDS = {"Pendulum-v1": -200.0, "rlstash/Pendulum-v1": -200.0}
+"""Reward thresholds of ids whose gymnasium spec has none (the run stops there)."""
+
+
+@dataclass
+class EnvInfo:
+    """What a run needs to know of its env before making any: spaces and reward threshold."""
+
+    obs_space: Any
+    act_space: Any
+    threshold: float | None
+    frame_stack: int = 1  # observations are windows of this many frames (history, Atari)
+
+
+def probe_env(env_id: str, history: int = 0) -> EnvInfo:
+    """Spaces and reward threshold of one env, or a clear error. With ``history`` = k > 0 the
+    observation space is that of windows of the last k observations
+    (:func:`rlstash.envs.history.make_windowed`); plain 1-D Box observations only."""
+    import gymnasium as gym
+
+    from rlstash.envs.atari import FRAME_STACK, is_atari, make_atari
+    from rlstash.envs.registry import make
+
+    if history and is_atari(env_id):
+        raise ValueError(
+            f"history: {env_id} already sees stacks of {FRAME_STACK} frames (Atari preprocessing); "
+            "drop --history"
+        )
+    try:  # ALE/..., dm_control/..., module:EnvId import their package; ALE: preprocessed
+        env = make_atari(env_id, train=False) if is_atari(env_id) else make(env_id)
+    except gym.error.Error as exc:
+        raise ValueError(
+            f"env: cannot make {env_id!r} ({exc}); see gymnasium.pprint_registry()"
+        ) from None
+    except ImportError as exc:
+        raise ValueError(f"env: {env_id!r} needs a package that is missing: {exc}") from None
+    try:
+        threshold = env.spec.reward_threshold if env.spec is not None else None
+        obs_space, act_space = env.observation_space, env.action_space
+    finally:
+        env.close()
+    if not isinstance(obs_space, gym.spaces.Box):
+        raise ValueError(
+            f"env {env_id}: observation space {obs_space} is not a Box; the training loop needs array "
+            "observations (wrap the env with gymnasium.wrappers.FlattenObservation; in the "
+            "library, PPO takes the dict observations of batched torch envs: "
+            "PPO(rlstash.obs_shapes(space), ...) with a RolloutStorage)"
+        )
+    if history:
+        if len(obs_space.shape) != 1:
+            raise ValueError(
+                f"history: needs 1-D Box observations, env {env_id} has {obs_space}; "
+                "drop --history or flatten the observations"
+            )
+        if not isinstance(act_space, gym.spaces.Discrete):
+            raise ValueError(
+                f"history: needs a Discrete action space (dqn or discrete sac), env {env_id} has "
+                f"{act_space}; drop --history"
+            )
+        from gymnasium.vector.utils import batch_space
+
+        obs_space = batch_space(obs_space, history)  # what FrameStackObservation declares
+        return EnvInfo(obs_space, act_space, threshold, history)
+    stack = FRAME_STACK if is_atari(env_id) else 1
+    return EnvInfo(obs_space, act_space, threshold, stack)
+
+
+def threshold_of(env_id: str, info: EnvInfo, given: float | None) -> float | None:
+    """The run's reward threshold: ``given``, else :data:`DEFAULT_THRESHOLDS`, else the
+    env's spec's."""
+    if given is not None:
+        return given
+    return DEFAULT_THRESHOLDS.get(env_id, info.threshold)
+
+
+def factory(env_id: str, history: int, train: bool = True, **kwargs: Any) -> Any:
+    """A picklable env factory (windowed envs with ``history``; ALE ids preprocessed for
+    training or evaluation, :mod:`rlstash.envs.atari`; the modules are torch-free)."""
+    from rlstash.envs.atari import is_atari, make_atari
+    from rlstash.envs.history import make_windowed
+    from rlstash.envs.registry import make
+
+    if is_atari(env_id):
+        return functools.partial(make_atari, env_id, train, **kwargs)
+    if history:
+        return functools.partial(make_windowed, env_id, history, **kwargs)
+    return functools.partial(make, env_id, **kwargs)
+
+
+def vec_source(env_id: str, history: int = 0) -> Any:
+    """What a vectorized env of ``env_id`` is made from: the id itself (the pool makes it) or,
+    with windows (``history``) or Atari preprocessing, a :func:`factory`."""
+    from rlstash.envs.atari import is_atari
+
+    return factory(env_id, history) if history or is_atari(env_id) else env_id
+
+
+def env_source(env_id: str, act_space: Any, clip: bool, train: bool = True, **kwargs: Any) -> Any:
+    """A factory of an on-policy run's env: ALE ids preprocessed for training or evaluation
+    (:mod:`rlstash.envs.atari`), ClipAction added for a Gaussian policy that leaves clipping
+    to the env (``clip``: PPO's bound 'clip'); else the id itself (the pool makes it) unless
+    ``kwargs`` are given."""
+    from gymnasium import spaces
+
+    from rlstash.envs.atari import is_atari, make_atari
+    from rlstash.envs.history import make_clipped
+    from rlstash.envs.registry import make
+
+    if is_atari(env_id):
+        return functools.partial(make_atari, env_id, train, **kwargs)
+    if isinstance(act_space, spaces.Box) and clip:
+        return functools.partial(make_clipped, env_id, **kwargs)
+    return functools.partial(make, env_id, **kwargs) if kwargs else env_id
+
+
+def is_batched(env_id: str) -> bool:
+    """Whether ``env_id`` is one of rlstash's batched torch envs (``rlstash/CartPole-v1``...)."""
+    from rlstash.envs.batched import ENV_IDS
+
+    return env_id in ENV_IDS
+
+
+def make_vec_env(
+    env_id: str,
+    num_envs: int,
+    workers: int | str,
+    seed: int | None,
+    history: int = 0,
+    device: Any = None,
+    same_step: bool = False,
+    source: Any = None,
+) -> Any:
+    """A vectorized env: a batched torch env on ``device`` (a torch.device) for rlstash's
+    batched ids, else rlstash's ProcessPoolVectorEnv (``workers=0`` steps in-process) of
+    ``source`` (default: :func:`vec_source`). ``same_step``: same-step autoreset (every row a
+    real step; final observations come with the batch)."""
+    from rlstash.envs.process_pool import ProcessPoolVectorEnv
+
+    if is_batched(env_id):
+        return make_batched_env(env_id, num_envs, workers, device, history, same_step)
+    if source is None:
+        source = vec_source(env_id, history)
+    mode = "SameStep" if same_step else "NextStep"
+    return ProcessPoolVectorEnv(
+        source, num_envs=num_envs, num_workers=workers, seed=seed, autoreset_mode=mode
+    )
+
+
+def make_batched_env(
+    env_id: str,
+    num_envs: int,
+    workers: int | str,
+    device: Any,
+    history: int = 0,
+    same_step: bool = False,
+) -> Any:
+    """One of rlstash's batched torch envs on ``device`` (next-step or same-step autoreset)."""
+    import gymnasium as gym
+    from gymnasium.vector import AutoresetMode
+
+    from rlstash.envs.batched import REFERENCE_IDS
+
+    if history:
+        raise ValueError(
+            f"history: {env_id} is a batched torch env, which has no observation windows; "
+            f"drop --history or use {REFERENCE_IDS[env_id]}"
+        )
+    if workers not in (0, "auto"):
+        raise ValueError(
+            f"workers: {env_id} steps all its envs in this process on --device, got "
+            f"--workers {workers}; drop --workers (or use {REFERENCE_IDS[env_id]})"
+        )
+    mode = AutoresetMode.SAME_STEP if same_step else AutoresetMode.NEXT_STEP
+    return gym.make_vec(
+        env_id,
+        num_envs=num_envs,
+        vectorization_mode="vector_entry_point",
+        device=device or "cpu",
+        autoreset_mode=mode,
+    )
+
+
+def make_eval_env(env_id: str, num_envs: int, history: int = 0, recorder: Any = None) -> Any:
+    """Evaluation envs stepped in-process (evaluation is short and must not disturb training).
+    ALE ids play full games with unclipped scores; with a ``recorder``
+    (:class:`rlstash.train.video.Recorder`) env 0 renders and records the episodes it is
+    asked to."""
+    from gymnasium.vector import SyncVectorEnv
+
+    factories = [factory(env_id, history, train=False)] * num_envs
+    if recorder is not None:
+        factories[0] = recorder.wrap(factory(env_id, history, train=False, render_mode="rgb_array"))
+    return SyncVectorEnv(factories)
+
+
+def make_pool_eval_env(
+    env_id: str, num_envs: int, act_space: Any, clip: bool, recorder: Any = None
+) -> Any:
+    """An on-policy run's evaluation envs: an in-process ProcessPoolVectorEnv of
+    :func:`env_source` factories (env 0 shares the ``recorder`` when given)."""
+    from rlstash.envs.process_pool import ProcessPoolVectorEnv
+    from rlstash.envs.registry import make
+
+    source = env_source(env_id, act_space, clip, train=False)
+    if recorder is not None:  # in-process envs: env 0 shares the recorder
+        recorded = env_source(env_id, act_space, clip, False, render_mode="rgb_array")
+        if isinstance(source, str):
+            source = functools.partial(make, source)
+        source = [recorder.wrap(recorded)] + [source] * (num_envs - 1)
+    return ProcessPoolVectorEnv(source, num_envs=num_envs, num_workers=0)
