@@ -47,7 +47,7 @@ def test_64_cartpoles_match_sync_vector_env(num_workers, reference):
         assert pool.restarts == []
 
 
-@pytest.mark.parametrize("mode", ["next_step", "disabled"])
+@pytest.mark.parametrize("mode", ["NextStep", "Disabled"])
 def test_auto_times_both_and_says_which(mode):
     with pytest.warns(AutoChoiceWarning, match=r'num_workers="auto"\) chose') as record:
         pool = ProcessPoolVectorEnv(
