@@ -346,8 +346,11 @@ def test_sigkill_at_random_moments_keeps_every_completed_operation(tmp_path):
     for i, (name, seed) in enumerate(cases):
         path = tmp_path / f"r{i}"
         done = _done(path)
-        assert done > 50, "the writer should have completed some operations"
-        check_reopened(name, path, seed, done, exact=False)
+        assert done > 50, f"{name}: the writer should have completed some operations"
+        try:
+            check_reopened(name, path, seed, done, exact=False)
+        except AssertionError as exc:
+            raise AssertionError(f"case {name!r}, killed after {done} operations: {exc}") from exc
 
 
 # ----------------------------------------------------------------------------- the directory
