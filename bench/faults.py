@@ -49,6 +49,7 @@ class Scenario:
     group: str
     name: str
     what: str
+    function: str = ""
     outcome: str = "not run"
     seconds: float = 0.0
     detail: str = ""
@@ -65,7 +66,10 @@ class Recorder:
             stem = Path(str(item.fspath)).stem
             doc = (getattr(item, "function", None) and item.function.__doc__) or ""
             what = _first_sentence(doc) or "(no docstring: the test's name says it)"
-            self.scenarios[item.nodeid] = Scenario(CLASSES.get(stem, stem), item.name, what)
+            function = getattr(item, "originalname", item.name)
+            self.scenarios[item.nodeid] = Scenario(
+                CLASSES.get(stem, stem), item.name, what, function
+            )
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         sc = self.scenarios.get(report.nodeid)
@@ -109,8 +113,8 @@ def report(scenarios: list[Scenario], seconds: float) -> str:
     previous = None
     for s in sorted(scenarios, key=lambda s: s.group):
         result = s.outcome if not s.detail else f"{s.outcome}: {s.detail}"
-        what = "〃 (another case of the line above)" if s.what == previous else s.what
-        previous = s.what
+        what = "〃 (another case of the line above)" if s.function == previous else s.what
+        previous = s.function
         what = what.replace("|", "\\|")
         lines.append(
             f"| {s.group} | `{s.name}` | {what} | {result.replace('|', '/')} | {s.seconds:.1f} |"
