@@ -247,6 +247,20 @@ def assert_same(got: StreamStorage, want: StreamStorage) -> None:
     _reads_equal(got, want, np.flatnonzero(want.valid))
 
 
+def _overwritten(before: StreamStorage, after: StreamStorage) -> np.ndarray:
+    """Per slot: the operation between ``before`` and ``after`` writes it (lane positions
+    ``before.count .. after.count - 1``), replacing whatever start it held. A slot it writes
+    can hold a valid start both before (the oldest step, about to go) and after (a new step
+    whose n-step window the same operation completes: the first of 3 direct steps with
+    n_step=2), so "valid before, not after" misses it; after a kill inside the operation
+    the old start is torn or gone and the new one was never committed."""
+    lanes = before.lanes
+    out = np.zeros_like(before.valid)
+    for lane, (lo, hi) in enumerate(zip(lanes.count, after.lanes.count)):
+        out[lanes.row(lane, np.arange(lo, hi))] = True
+    return out
+
+
 def check_reopened(name: str, path: Path, seed: int, done: int, exact: bool) -> None:
     """The reopened stream equals the reference after ``done`` operations (``exact``: the
     kill came right after one), or after a kill inside operation ``done + 1``: either all of
@@ -267,7 +281,8 @@ def check_reopened(name: str, path: Path, seed: int, done: int, exact: bool) -> 
                 np.testing.assert_array_equal(got.lanes.count, before.lanes.count)
                 lost = before.valid & ~got.valid
                 assert not (got.valid & ~before.valid).any(), "a start the writer never made"
-                assert not (lost & after.valid).any(), "a start of a completed operation lost"
+                kept = after.valid & ~_overwritten(before, after)
+                assert not (lost & kept).any(), "a start of a completed operation lost"
                 _reads_equal(got, before, np.flatnonzero(got.valid))
                 return
         # both go on: fresh envs after the restart (the reopened stream ends the episodes)
@@ -294,6 +309,8 @@ def _cases(seed: int) -> list[tuple[str, int, str]]:
         ("dict_same", 451, "data"),
         ("direct", 400, ""),  # open_steps + commit completed
         ("direct", 401, "data"),  # killed while filling the slots in place
+        ("direct", 400, "data"),  # as 401, 3 steps: the first overwritten slot's new start
+        # (valid after the op) is lost with the old one (was: failed 1 random run in 4)
     ]
 
 
