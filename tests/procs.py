@@ -29,3 +29,19 @@ def _make() -> Callable[[], None] | None:
 
 
 die_with_parent = _make()
+
+
+def kill_when_ready_at_random_moments(procs: list, low: float, high: float) -> None:
+    """Wait for each writer's ``ready`` line (its stderr in the failure, where piped), then
+    SIGKILL them one by one at sorted seeded-random delays in [``low``, ``high``] s."""
+    import random
+    import time
+
+    for proc in procs:
+        line = proc.stdout.readline().strip()
+        assert line == "ready", proc.stderr.read() if proc.stderr else line
+    start = time.monotonic()
+    delays = sorted(random.Random(0).uniform(low, high) for _ in procs)
+    for proc, delay in zip(procs, delays):
+        time.sleep(max(0.0, start + delay - time.monotonic()))
+        proc.kill()

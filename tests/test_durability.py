@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +20,7 @@ from rlstash.replay import ReplayBuffer
 from rlstash.spec import Field, Spec
 from rlstash.storage import MemmapStorage
 from rlstash.storage.disk_layout import COMMIT, Commit, CommitLog, create_commit_file
+from tests.procs import kill_when_ready_at_random_moments
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDTH = 256  # floats per row: a 700-row extend copies ~700 KB, so kills land inside writes
@@ -87,13 +86,7 @@ def test_sigkill_at_random_moments_keeps_every_completed_extend(tmp_path):
                     text=True,
                 )
             )
-        for proc in procs:
-            assert proc.stdout.readline().strip() == "ready"
-        start = time.monotonic()
-        delays = sorted(random.Random(0).uniform(0.3, 1.5) for _ in procs)
-        for proc, delay in zip(procs, delays):
-            time.sleep(max(0.0, start + delay - time.monotonic()))
-            proc.kill()
+        kill_when_ready_at_random_moments(procs, 0.3, 1.5)
     finally:
         for proc in procs:
             proc.kill()

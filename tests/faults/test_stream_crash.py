@@ -17,12 +17,10 @@ with more operations and must still agree.
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,7 @@ import pytest
 import torch
 
 from rlstash.storage.stream import ReadSpec, StreamStorage
-from tests.procs import die_with_parent
+from tests.procs import die_with_parent, kill_when_ready_at_random_moments
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 4  # envs (lanes)
@@ -347,13 +345,7 @@ def test_sigkill_at_random_moments_keeps_every_completed_operation(tmp_path):
     try:
         for i, (name, seed) in enumerate(cases):
             procs.append(_start(name, tmp_path / f"r{i}", seed))
-        for proc in procs:
-            assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
-        start = time.monotonic()
-        delays = sorted(random.Random(0).uniform(0.3, 1.2) for _ in procs)
-        for proc, delay in zip(procs, delays):
-            time.sleep(max(0.0, start + delay - time.monotonic()))
-            proc.kill()
+        kill_when_ready_at_random_moments(procs, 0.3, 1.2)
     finally:
         for proc in procs:
             proc.kill()
