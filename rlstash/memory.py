@@ -509,6 +509,32 @@ def plan(
     the CPU, no CUDA call is made.
     """
     spec = spec if isinstance(spec, Spec) else Spec(spec)
+    dev = _check_plan_args(capacity, storage, device, path, margin)
+    fields = spec.field_nbytes(capacity)
+    grows = _overhead(overhead, sampler, capacity)
+    charged = _charge(fields, storage, place_of(dev), extra, grows)
+    places = [_usage(where, items, storage, path, margin) for where, items in charged.items()]
+    return MemoryPlan(
+        spec,
+        capacity,
+        storage,
+        str(dev),
+        None if path is None else str(path),
+        fields,
+        places,
+        margin,
+        grows,
+    )
+
+
+def _check_plan_args(
+    capacity: int,
+    storage: str,
+    device: str | torch.device,
+    path: str | os.PathLike | None,
+    margin: float,
+) -> torch.device:
+    """Refuse what :func:`plan` cannot plan; return the storage's device."""
     check_capacity(capacity)
     if storage not in STORAGE_KINDS:
         raise ValueError(f"storage: expected one of {list(STORAGE_KINDS)}, got {storage!r}")
@@ -522,8 +548,19 @@ def plan(
         )
     if storage == "disk" and path is None:
         raise ValueError("path: a disk storage needs a directory path, got None")
-    fields = spec.field_nbytes(capacity)
-    main = {"ram": place_of(dev), "disk": "disk", "shm": "/dev/shm"}[storage]
+    return dev
+
+
+def _charge(
+    fields: Mapping[str, int],
+    storage: str,
+    device_place: str,
+    extra: Mapping[str, Mapping[str, int]] | None,
+    grows: Mapping[str, int],
+) -> dict[str, dict[str, int]]:
+    """Bytes by place, then by name: the fields where the storage lives (shm: also RAM),
+    ``extra`` where it says, the bookkeeping that grows with capacity in RAM."""
+    main = {"ram": device_place, "disk": "disk", "shm": "/dev/shm"}[storage]
     charged: dict[str, dict[str, int]] = {main: dict(fields)}
     if storage == "shm":
         charged["ram"] = dict(fields)
@@ -533,32 +570,30 @@ def plan(
             if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
                 raise ValueError(f"extra[{where!r}][{name!r}]: expected bytes >= 0, got {nbytes!r}")
             bucket[name] = bucket.get(name, 0) + nbytes
-    grows = _overhead(overhead, sampler, capacity)
     if grows:
         bucket = charged.setdefault("ram", {})
         for name, nbytes in grows.items():
             bucket[name] = bucket.get(name, 0) + nbytes
-    places = []
-    for where, items in charged.items():
-        needed = sum(items.values())
-        free, note = _free_of(where, path)
-        if where == "ram" and storage == "shm":
-            note = note or "/dev/shm pages are RAM"
-        keep = 0.0 if where == "disk" else margin
-        usable = None if free is None else free - math.floor(keep * free)
-        fits = usable is None or needed <= usable
-        places.append(PlaceUsage(where, needed, free, fits, usable, items, note))
-    return MemoryPlan(
-        spec,
-        capacity,
-        storage,
-        str(dev),
-        None if path is None else str(path),
-        fields,
-        places,
-        margin,
-        grows,
-    )
+    return charged
+
+
+def _usage(
+    where: str,
+    items: dict[str, int],
+    storage: str,
+    path: str | os.PathLike | None,
+    margin: float,
+) -> PlaceUsage:
+    """What ``items`` need at ``where`` against what is free there now, less the margin
+    (none on disk)."""
+    needed = sum(items.values())
+    free, note = _free_of(where, path)
+    if where == "ram" and storage == "shm":
+        note = note or "/dev/shm pages are RAM"
+    keep = 0.0 if where == "disk" else margin
+    usable = None if free is None else free - math.floor(keep * free)
+    fits = usable is None or needed <= usable
+    return PlaceUsage(where, needed, free, fits, usable, items, note)
 
 
 def _overhead(overhead: Mapping[str, int] | None, sampler: Any, capacity: int) -> dict[str, int]:
