@@ -136,11 +136,18 @@ def coerce(name: str, value: Any, tp: Any) -> Any:
     raise SettingTypeError(name, describe(tp), value)
 
 
+def field_values(obj: Any) -> dict[str, Any]:
+    """The dataclass instance ``obj``'s values by field name (shallow: the values themselves,
+    no copies): the one place where settings are read by name."""
+    return {f.name: obj.__dict__[f.name] for f in dataclasses.fields(obj)}
+
+
 def check_types(obj: Any) -> None:
     """Coerce every field of the dataclass instance ``obj`` to its annotated type in place
     (SettingTypeError naming the first field of the wrong type)."""
+    values = field_values(obj)
     for name, tp in field_types(type(obj)).items():
-        object.__setattr__(obj, name, coerce(name, getattr(obj, name), tp))
+        object.__setattr__(obj, name, coerce(name, values[name], tp))
 
 
 def parse_text(name: str, text: str, tp: Any) -> Any:

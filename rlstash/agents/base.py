@@ -156,32 +156,33 @@ def check_count(name: str, value: Any) -> int:
     return value
 
 
-def check_positive(config: Any, *names: str) -> None:
-    for name in names:
-        value = getattr(config, name)
+def check_positive(**values: Any) -> None:
+    """Each value > 0 (SettingError naming its field): ``check_positive(learning_rate=lr)``."""
+    for name, value in values.items():
         if not value > 0:
             raise SettingError(name, "> 0", value, "give a positive value")
 
 
 def check_common(config: Any) -> None:
     """Validation shared by every agent config (SettingError, a ValueError or TypeError, naming
-    the field): each field's type (:func:`rlstash.settings.check_types`), then the ranges."""
+    the field): each field's type (:func:`rlstash.settings.check_types`), then the ranges of
+    ``learning_rate``, ``gamma`` and ``net_arch``."""
     check_types(config)
     check_compile(config)
-    check_positive(config, "learning_rate")
-    if hasattr(config, "total_steps"):
-        check_positive(config, "total_steps")
-    if hasattr(config, "action_chunk"):
-        check_positive(config, "action_chunk")
+    check_positive(learning_rate=config.learning_rate)
     if not 0.0 < config.gamma <= 1.0:
         raise SettingError("gamma", "a discount in (0, 1]", config.gamma, "e.g. 0.99")
-    if hasattr(config, "tau") and not 0.0 < config.tau <= 1.0:
-        raise SettingError("tau", "a Polyak coefficient in (0, 1]", config.tau, "1 = hard copy")
     if any(h <= 0 for h in config.net_arch):
         raise SettingError("net_arch", "positive layer widths", config.net_arch, "e.g. 64,64")
-    if hasattr(config, "target_update_interval") and config.target_update_interval < 1:
+
+
+def check_target(tau: float, target_update_interval: int = 1) -> None:
+    """A target network's Polyak coefficient in (0, 1] and its update interval >= 1."""
+    if not 0.0 < tau <= 1.0:
+        raise SettingError("tau", "a Polyak coefficient in (0, 1]", tau, "1 = hard copy")
+    if target_update_interval < 1:
         raise SettingError(
-            "target_update_interval", ">= 1 update", config.target_update_interval, "give 1 or more"
+            "target_update_interval", ">= 1 update", target_update_interval, "give 1 or more"
         )
 
 

@@ -24,6 +24,8 @@ from rlstash.agents.base import (
     check_batch,
     check_common,
     check_count,
+    check_positive,
+    check_target,
     flat_adam,
     hp,
     seeded_init,
@@ -65,6 +67,8 @@ class DQNConfig(ConfigMixin):
     def __post_init__(self) -> None:
         self.net_arch = tuple(self.net_arch)
         check_common(self)
+        check_positive(total_steps=self.total_steps, action_chunk=self.action_chunk)
+        check_target(self.tau, self.target_update_interval)
         epsilon_schedule(
             self.exploration_initial_eps,
             self.exploration_final_eps,

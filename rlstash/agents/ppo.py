@@ -132,18 +132,26 @@ class PPOConfig(ConfigMixin):
         check_types(self)
         check_compile(self)
         check_positive(
-            self, "learning_rate", "num_envs", "rollout_steps", "minibatch_size", "n_epochs"
+            learning_rate=self.learning_rate,
+            num_envs=self.num_envs,
+            rollout_steps=self.rollout_steps,
+            minibatch_size=self.minibatch_size,
+            n_epochs=self.n_epochs,
+            clip_range=self.clip_range,
+            max_grad_norm=self.max_grad_norm,
+            action_chunk=self.action_chunk,
+            total_steps=self.total_steps,
+            clip_obs=self.clip_obs,
+            clip_reward=self.clip_reward,
+            adam_eps=self.adam_eps,
         )
-        check_positive(self, "clip_range", "max_grad_norm", "action_chunk", "total_steps")
-        check_positive(self, "clip_obs", "clip_reward", "adam_eps")
-        for name in ("gamma", "gae_lambda"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name}: expected a value in [0, 1], got {getattr(self, name)}")
-        for name in ("ent_coef", "vf_coef"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)}")
-        for name in ("clip_range_vf", "target_kl"):
-            value = getattr(self, name)
+        for name, value in (("gamma", self.gamma), ("gae_lambda", self.gae_lambda)):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name}: expected a value in [0, 1], got {value}")
+        for name, value in (("ent_coef", self.ent_coef), ("vf_coef", self.vf_coef)):
+            if value < 0:
+                raise ValueError(f"{name}: expected >= 0, got {value}")
+        for name, value in (("clip_range_vf", self.clip_range_vf), ("target_kl", self.target_kl)):
             if value is not None and not value > 0:
                 raise ValueError(f"{name}: expected > 0 or None (off), got {value!r}")
         if self.backward not in BACKWARDS:

@@ -40,14 +40,19 @@ from torch import nn
 
 from rlstash.agents.actions import LinearActionHead
 from rlstash.agents.compiled import FlatAdam
-from rlstash.agents.policies import LOG_2PI, CategoricalActorCritic, GaussianActorCritic
+from rlstash.agents.policies import (
+    LOG_2PI,
+    ActorCritic,
+    CategoricalActorCritic,
+    GaussianActorCritic,
+)
 
 SIGMOID_TANH = ("cpu",)  # devices where tanh runs as 2 sigmoid(2z) - 1 (module docstring)
 
 
-def unsupported(policy: nn.Module, n_actions: int | None, action_chunk: int) -> str | None:
+def unsupported(policy: ActorCritic, n_actions: int | None, action_chunk: int) -> str | None:
     """Why the written-out gradient does not apply to ``policy`` (None: it applies)."""
-    if getattr(policy, "shared_trunk", False):
+    if policy.shared_trunk:
         return "image observations (a shared CNN trunk)"
     for seq in (policy.actor_trunk, policy.critic[0]):
         for layer in seq:

@@ -28,6 +28,7 @@ from rlstash.agents.base import (
     check_batch,
     check_common,
     check_count,
+    check_target,
     flat_adam,
     hp,
     seeded_init,
@@ -56,6 +57,7 @@ class SACBaseConfig(ConfigMixin):
     def __post_init__(self) -> None:
         self.net_arch = tuple(self.net_arch)
         check_common(self)
+        check_target(self.tau, self.target_update_interval)
         if not self.init_alpha > 0:
             raise ValueError(f"init_alpha: expected > 0, got {self.init_alpha}")
 

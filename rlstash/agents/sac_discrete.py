@@ -43,6 +43,7 @@ from rlstash.agents.base import (
     agent_config,
     check_batch,
     check_count,
+    check_positive,
     flat_adam,
     hp,
     seeded_init,
@@ -65,6 +66,7 @@ class DiscreteSACConfig(SACBaseConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_positive(action_chunk=self.action_chunk)
         if not 0.0 <= self.target_entropy_ratio <= 1.0:
             raise ValueError(
                 f"target_entropy_ratio: expected a value in [0, 1], got {self.target_entropy_ratio}"

@@ -35,6 +35,7 @@ from rlstash.agents.base import (
     check_batch,
     check_common,
     check_positive,
+    check_target,
     flat_adam,
     hp,
     seeded_init,
@@ -68,12 +69,17 @@ class TD3Config(ConfigMixin):
     def __post_init__(self) -> None:
         self.net_arch = tuple(self.net_arch)
         check_common(self)
-        check_positive(self, "policy_delay")
+        check_target(self.tau)
+        check_positive(policy_delay=self.policy_delay)
         if self.random_steps < 0:
             raise ValueError(f"random_steps: expected >= 0 env steps, got {self.random_steps}")
-        for name in ("target_policy_noise", "target_noise_clip", "exploration_noise"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name}: expected a std >= 0, got {getattr(self, name)!r}")
+        for name, std in (
+            ("target_policy_noise", self.target_policy_noise),
+            ("target_noise_clip", self.target_noise_clip),
+            ("exploration_noise", self.exploration_noise),
+        ):
+            if not std >= 0:
+                raise ValueError(f"{name}: expected a std >= 0, got {std!r}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm: expected > 0 or None, got {self.max_grad_norm}")
 

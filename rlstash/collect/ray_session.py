@@ -68,6 +68,7 @@ class RaySession:
     def __init__(self, address: str | None, num_cpus: int) -> None:
         ray = import_ray()
         self.owned, self.temp_dir = False, None
+        self._watchdog: subprocess.Popen | None = None
         if address is not None and not isinstance(address, str):
             raise TypeError(
                 f"address: expected None, 'local' or a cluster address 'host:port', got {address!r}"
@@ -136,7 +137,7 @@ class RaySession:
         if self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
             self.temp_dir = None
-        watchdog, self._watchdog = getattr(self, "_watchdog", None), None
+        watchdog, self._watchdog = self._watchdog, None
         if watchdog is not None:
             stop_watchdog(watchdog, stand_down=os.getpid() == self._owner)
 

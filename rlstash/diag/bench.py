@@ -51,8 +51,12 @@ class BenchOptions:
     spec: Spec | None = None  # default: the env's transitions
 
     def __post_init__(self) -> None:
-        for name in ("envs", "batch_size", "capacity", "chunk"):
-            value = getattr(self, name)
+        for name, value in (
+            ("envs", self.envs),
+            ("batch_size", self.batch_size),
+            ("capacity", self.capacity),
+            ("chunk", self.chunk),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected an int >= 1, got {value!r}; give 1 or more")
         if not self.seconds > 0:
@@ -223,7 +227,7 @@ def update_rate(opts: BenchOptions) -> BenchRow:
     finally:
         torch.set_num_threads(threads)
     per_step = cfg.gradient_steps / cfg.train_freq
-    arch = ",".join(map(str, getattr(agent_cfg, "net_arch", ())))
+    arch = ",".join(map(str, agent_cfg.net_arch))
     return BenchRow(
         "agent updates", f"{cfg.algo}, batch {cfg.batch_size}, net {arch}, {device}", rate,
         "updates/s", spread, f"{cfg.gradient_steps}/{cfg.train_freq} per env step",

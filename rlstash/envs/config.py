@@ -195,14 +195,22 @@ class Timeouts:
 
     def deadline(self, which: str) -> float | None:
         """``time.monotonic()`` + the ``which`` bound (``"start"``, ``"step"``), or None."""
-        seconds = getattr(self, which)
+        seconds = self._bound(which)
         return None if seconds is None else time.monotonic() + seconds
 
     def describe(self, which: str) -> str:
         """``"step_timeout=2.0 s"``: the setting that bounds ``which``, for error texts."""
         if which == "restart":
             which = "start" if self.step is None else "step"
-        return f"{which}_timeout={getattr(self, which)} s"
+        return f"{which}_timeout={self._bound(which)} s"
+
+    def _bound(self, which: str) -> float | None:
+        bounds = {"start": self.start, "step": self.step, "close": self.close}
+        if which == "restart":
+            return self.restart
+        if which not in bounds:
+            raise ValueError(f"which: expected one of {[*bounds, 'restart']}, got {which!r}")
+        return bounds[which]
 
 
 def seed(value: int | None) -> int | None:

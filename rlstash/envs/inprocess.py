@@ -39,6 +39,7 @@ class InProcessBackend(Backend):
         self.mode = mode
         self.envs_idx = tuple(range(len(factories)))
         self.runner: EnvRunner | None = None
+        self.shared: SharedArrays | None = None
         self.closed = False
 
     def _build(self) -> tuple[list, list, list]:
@@ -171,9 +172,8 @@ class InProcessBackend(Backend):
             for env in self.runner.envs:
                 _close_quietly(env)
             self.runner.envs = []
-        shared = getattr(self, "shared", None)
-        if shared is not None:
-            shared.close()
+        if self.shared is not None:
+            self.shared.close()
 
 
 def _parts(entries: list[tuple[int, dict]], n: int) -> list[tuple[int, dict]]:

@@ -115,14 +115,13 @@ class WorkerProcess:
         return self.exitcode
 
     def close_pipes(self) -> None:
-        for name in ("cmd_fd", "reply_fd"):
-            fd = getattr(self, name)
+        fds, self.cmd_fd, self.reply_fd = (self.cmd_fd, self.reply_fd), -1, -1
+        for fd in fds:
             if fd >= 0:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-                setattr(self, name, -1)
 
 
 def _waitpid(pid: int, timeout: float) -> int | None:

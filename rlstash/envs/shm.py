@@ -77,7 +77,7 @@ def is_fixed_custom(space: spaces.Space) -> bool:
         return False
     if isinstance(space, (spaces.Dict, spaces.Tuple)) or not isinstance(space, spaces.Space):
         return False
-    shape, dtype = getattr(space, "shape", None), getattr(space, "dtype", None)
+    shape, dtype = space.shape, space.dtype
     if shape is None or dtype is None or not all(isinstance(d, int) for d in shape):
         return False
     known = _FIXED.get(id(space))

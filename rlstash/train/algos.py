@@ -30,7 +30,7 @@ from rlstash.agents.td3 import TD3, TD3Config
 from rlstash.envs.atari import is_atari
 from rlstash.envs.batched import REFERENCE_IDS
 from rlstash.presets import DQN_PRESETS, PPO_ATARI, PPO_PRESETS, SAC_PRESETS, TD3_PRESETS
-from rlstash.settings import SettingError
+from rlstash.settings import SettingError, field_values
 from rlstash.train.config import ALGOS, LOOP_SETTINGS, RUN_DEFAULTS, TrainConfig
 
 ACTION_KINDS = ("discrete", "continuous")
@@ -154,9 +154,10 @@ def resolve(cfg: TrainConfig, act_space: Any) -> tuple[TrainConfig, Any]:
                 f"see rlstash train --algo {cfg.algo} --help",
             )  # fmt: skip
     loop = {k: v for k, v in {**algo.loop, **preset}.items() if k in LOOP_SETTINGS}
-    loop.update({k: getattr(cfg, k) for k in LOOP_SETTINGS if getattr(cfg, k) is not None})
+    settings = field_values(cfg)
+    loop.update({k: settings[k] for k in LOOP_SETTINGS if settings[k] is not None})
     for k, default in RUN_DEFAULTS.items():  # eval/checkpoint schedule: given, preset, default
-        loop[k] = getattr(cfg, k) if getattr(cfg, k) is not None else preset.get(k, default)
+        loop[k] = settings[k] if settings[k] is not None else preset.get(k, default)
     agent_values = {k: v for k, v in preset.items() if k in known}
     if cfg.history:
         agent_values["history_hidden"] = 64

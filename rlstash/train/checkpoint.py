@@ -49,6 +49,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
+import numpy as np
 import torch
 
 from rlstash import manifest
@@ -243,12 +245,10 @@ def reading(file: Path) -> Iterator[None]:
 # ---------------------------------------------------------------------------- settings
 def describe_space(space: Any) -> str:
     """``Box(4,) float32``, ``Discrete(2)``: what the networks' shapes depend on."""
-    n = getattr(space, "n", None)
-    if n is not None and not hasattr(space, "nvec"):
-        return f"{type(space).__name__}({int(n)})"
-    shape = getattr(space, "shape", None)
-    if shape is not None:
-        return f"{type(space).__name__}{tuple(shape)} {getattr(space, 'dtype', '')}".strip()
+    if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiBinary) and np.ndim(space.n) == 0:
+        return f"{type(space).__name__}({int(space.n)})"
+    if isinstance(space, gym.spaces.Space) and space.shape is not None:
+        return f"{type(space).__name__}{tuple(space.shape)} {space.dtype or ''}".strip()
     return repr(space)
 
 

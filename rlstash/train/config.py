@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from rlstash.device import COMPUTE, check_device
-from rlstash.settings import SettingError, check_types
+from rlstash.settings import SettingError, check_types, field_values
 from rlstash.settings import setting as s
 
 STORAGES = ("ram", "disk", "tiered")
@@ -187,13 +187,14 @@ class TrainConfig:
         _at_least(self, "envs", 1)
         if self.steps is not None:
             _at_least(self, "steps", 1)
+        values = field_values(self)
         for name in RUN_DEFAULTS:
-            if getattr(self, name) is not None:
+            if values[name] is not None:
                 _at_least(self, name, 1)
         for name in ("patience", "torch_threads", "ray_actors"):
             _at_least(self, name, 1)
         for name in ("buffer_size", "n_steps", "batch_size", "train_freq", "gradient_steps"):
-            if getattr(self, name) is not None:
+            if values[name] is not None:
                 _at_least(self, name, 1)
         if self.learning_starts is not None:
             _at_least(self, "learning_starts", 0)
@@ -356,13 +357,13 @@ def flag(name: str) -> str:
 
 
 def _at_least(cfg: TrainConfig, name: str, low: int) -> None:
-    value = getattr(cfg, name)
+    value = field_values(cfg)[name]
     if value < low:
         raise SettingError(name, f"an int >= {low}", value, f"give {low} or more")
 
 
 def _one_of(cfg: TrainConfig, name: str, options: tuple[str, ...]) -> None:
-    value = getattr(cfg, name)
+    value = field_values(cfg)[name]
     if value not in options:
         raise SettingError(name, f"one of {', '.join(options)}", value, "pick one of those")
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from rlstash.envs.make import env_source, make_pool_eval_env, make_vec_env
+from rlstash.settings import field_values
 from rlstash.storage.rollout import RolloutStorage
 from rlstash.train import checkpoint
 from rlstash.train.algos import rollout_envs
@@ -129,6 +130,6 @@ def _check_loop_settings(cfg: Any) -> None:
     for name, instead in (("batch_size", "minibatch_size"), ("n_steps", "rollout_steps"),
                           ("buffer_size", None), ("learning_starts", None),
                           ("train_freq", "rollout_steps"), ("gradient_steps", "n_epochs")):  # fmt: skip
-        if getattr(cfg, name) is not None:
+        if field_values(cfg)[name] is not None:
             fix = f"give --{instead.replace('_', '-')} instead" if instead else "drop it"
             raise ValueError(f"{name}: a replay setting, not used by --algo {cfg.algo}; {fix}")

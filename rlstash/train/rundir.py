@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rlstash.manifest import DamagedFile
+from rlstash.settings import field_values
 from rlstash.train import checkpoint
 
 LOCK = "trainer.lock"
@@ -176,11 +177,11 @@ def _asked(cfg: Any) -> dict[str, Any]:
     from rlstash.train.config import TrainConfig
 
     default = TrainConfig()
-    out = {k: getattr(cfg, k) for k in ("algo", "env", "history")}
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if f.name not in (*out, "agent", *_IGNORED) and value != getattr(default, f.name):
-            out[f.name] = value
+    given, defaults = field_values(cfg), field_values(default)
+    out = {k: given[k] for k in ("algo", "env", "history")}
+    for name, value in given.items():
+        if name not in (*out, "agent", *_IGNORED) and value != defaults[name]:
+            out[name] = value
     out.update({f"agent.{k}": v for k, v in (cfg.agent or {}).items()})
     return out
 

@@ -136,7 +136,7 @@ def check_renders(env: Any) -> None:
             f"{' '.join(str(exc).split())}); fix its renderer (MuJoCo without a display: "
             "MUJOCO_GL=egl or osmesa), or drop --video"
         ) from None
-    shape = getattr(frame, "shape", None)
+    shape = None if frame is None else np.shape(frame)
     if shape is None or len(shape) != 3 or shape[2] != 3:
         raise ValueError(
             f"video: env {name} renders {type(frame).__name__} of shape {shape}, not an RGB "

@@ -10,6 +10,7 @@ once against this small interface (``xp`` is ``numpy`` or ``torch``; both spell 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,12 @@ class NumpyOps:
         return np.flatnonzero(mask)
 
 
+@functools.cache
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype named like numpy's (``"float32"`` -> ``torch.float32``)."""
+    return torch.from_numpy(np.empty(0, dtype=name)).dtype
+
+
 class TorchOps:
     """Any other device: torch tensors throughout."""
 
@@ -67,10 +74,10 @@ class TorchOps:
         self.device = device
 
     def dtype(self, name: str) -> Any:
-        return getattr(torch, name)
+        return torch_dtype(name)
 
     def cast(self, x: Any, name: str) -> Any:
-        return x.to(getattr(torch, name))
+        return x.to(torch_dtype(name))
 
     def is_float(self, x: Any) -> bool:
         return x.dtype.is_floating_point
@@ -79,16 +86,16 @@ class TorchOps:
         return not x.dtype.is_floating_point and not x.dtype.is_complex and x.dtype != torch.bool
 
     def zeros(self, n: int, name: str) -> Any:
-        return torch.zeros(n, dtype=getattr(torch, name), device=self.device)
+        return torch.zeros(n, dtype=torch_dtype(name), device=self.device)
 
     def ones(self, n: int, name: str) -> Any:
-        return torch.ones(n, dtype=getattr(torch, name), device=self.device)
+        return torch.ones(n, dtype=torch_dtype(name), device=self.device)
 
     def arange(self, n: int) -> Any:
         return torch.arange(n, dtype=torch.int64, device=self.device)
 
     def contiguous(self, x: Any, name: str) -> Any:
-        out = torch.empty(x.shape, dtype=getattr(torch, name), device=self.device)
+        out = torch.empty(x.shape, dtype=torch_dtype(name), device=self.device)
         return out.copy_(x)
 
     def native(self, t: torch.Tensor) -> Any:
