@@ -156,3 +156,9 @@ def hub_errors(doing: str, rid: str, hub: Any) -> Iterator[None]:
 def _first_line(exc: BaseException) -> str:
     lines = [line for line in str(exc).splitlines() if line.strip()]
     return lines[0].strip() if lines else type(exc).__name__
+
+
+push_to_hub = push
+"""The root export of :func:`push` (``from rlstash import push_to_hub``)."""
+pull_from_hub = pull
+"""The root export of :func:`pull` (``from rlstash import pull_from_hub``)."""

@@ -12,6 +12,8 @@ def import_hub() -> Any:
     """The ``huggingface_hub`` module, or a ValueError naming the install command."""
     try:
         import huggingface_hub
+        import huggingface_hub.constants
+        import huggingface_hub.errors
         import huggingface_hub.repocard
     except ImportError:
         raise ValueError(

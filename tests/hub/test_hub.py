@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 hf = pytest.importorskip("huggingface_hub", reason="sharing needs pip install 'rlstash[hub]'")
+import huggingface_hub.constants  # noqa: E402, F401 - hf.constants, patched below
+
 pytest.importorskip("imageio_ffmpeg", reason="the replay video needs pip install 'rlstash[video]'")
 
 from huggingface_hub import ModelCard  # noqa: E402

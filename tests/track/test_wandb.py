@@ -5,6 +5,7 @@ hangs or raises costs a warning, never the run or a CSV row."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import threading
 import time
@@ -18,6 +19,7 @@ wandb = pytest.importorskip("wandb", reason="W&B tracking needs pip install 'rls
 from rlstash.train import tracking  # noqa: E402
 from rlstash.train.config import TrainConfig  # noqa: E402
 from rlstash.train.loop import train  # noqa: E402
+from tests.hub.toy_env import ENV_ID  # noqa: E402
 from tests.track.offline_wandb import offline_runs  # noqa: E402
 from tests.track.tiny import TINY  # noqa: E402
 
@@ -41,8 +43,10 @@ def _steps(path: Path) -> list[int]:
 
 
 def test_offline_run_has_the_csv_names_and_a_resume_continues_it(tmp_path: Path) -> None:
+    video = importlib.util.find_spec("imageio_ffmpeg") is not None  # rlstash[video]
     cfg = TrainConfig(track="wandb", wandb_project="proj", wandb_tags=("tiny", "cpu"),
-                      run_dir=str(tmp_path), name="r", video=False, **TINY)  # fmt: skip
+                      env=ENV_ID, video=video, run_dir=str(tmp_path), name="r",
+                      **TINY)  # fmt: skip
     train(cfg)
     run = tmp_path / "r"
     (first,) = offline_runs(run)
@@ -54,6 +58,11 @@ def test_offline_run_has_the_csv_names_and_a_resume_continues_it(tmp_path: Path)
     assert evals <= first.keys and "eval/rss_tree_mb" in evals  # memory telemetry too
     assert [int(float(r["step"])) for r in first.history if "eval/return_mean" in r] == [128, 256]
     assert json.loads(first.config["algo"]) == "dqn" and "buffer_size" in first.config
+    if video:  # each evaluation's video, at its step, copied into the W&B run
+        shown = [r for r in first.history if "eval/video/_type" in r]
+        assert [int(float(r["step"])) for r in shown] == [128, 256]
+        files = first.path.parent / "files"
+        assert all((files / json.loads(r["eval/video/path"])).is_file() for r in shown)
 
     train(resume=run)  # the checkpoint's settings: tracked again, into the same W&B run
     second = offline_runs(run)[-1]
