@@ -72,8 +72,12 @@ def train(
         run = build_run(cfg, run_dir, state)  # refuses bad settings before writing anything
         held.keep = True
         total = run_length(run.cfg.steps, run.step, run.frames_per_collect)  # whole collections
-        tracked = [*tracking.from_config(run.cfg, run_dir), *loggers]
-        log = RunLog(run_dir, total, quiet=run.cfg.quiet, start_step=run.step, loggers=tracked)
+        try:
+            tracked = [*tracking.from_config(run.cfg, run_dir), *loggers]
+            log = RunLog(run_dir, total, quiet=run.cfg.quiet, start_step=run.step, loggers=tracked)
+        except BaseException:
+            run.close()
+            raise
         try:
             log.log_config(dataclasses.asdict(run.cfg))
             return run_loop(run, log)

@@ -3,8 +3,10 @@ Biases implementation of it.
 
 ::
 
-    from rlstash.train.tracking import WandbLogger
-    train(cfg, loggers=[WandbLogger(run_dir, project="cartpole")])   # besides CSV/TensorBoard
+    from rlstash.train.tracking import wandb_logger
+    run_dir = Path(cfg.run_dir) / cfg.run_name
+    train(cfg, loggers=[wandb_logger(run_dir, project="cartpole")])  # besides CSV/TensorBoard
+    train(cfg, loggers=[MyLogger()])     # any object with log, log_config, log_video, close
 
 :class:`~rlstash.train.runlog.RunLog` hands every progress row, evaluation row, video and the
 resolved config to each of its loggers in turn. ``progress.csv`` and ``eval.csv``
