@@ -37,10 +37,13 @@ def cmd_push(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(PushConfig, args)
     repo_id(cfg.repo_id, "--repo-id")  # a bad name is refused before anything runs
-    out = push(
-        cfg.run, cfg.repo_id, episodes=cfg.episodes, seed=cfg.seed, video=not cfg.no_video,
-        private=cfg.private, message=cfg.message,
-    )  # fmt: skip
+    try:
+        out = push(
+            cfg.run, cfg.repo_id, episodes=cfg.episodes, seed=cfg.seed, video=not cfg.no_video,
+            private=cfg.private, message=cfg.message,
+        )  # fmt: skip
+    except ValueError as exc:  # the video's refusals name rlstash train's --video
+        raise ValueError(str(exc).replace("drop --video", "give --no-video")) from None
     r = out.results
     print(
         f"pushed {cfg.run} to {out.url}: mean_reward {r['mean_reward']:.2f} +/- "
