@@ -8,6 +8,7 @@ never pull in torch)::
     from rlstash import ProcessPoolVectorEnv, Collector, RayCollector, DQN, SAC, DiscreteSAC, PPO, TD3, RateLimiter
     from rlstash import from_rsl_rl   # rsl_rl-style envs (Isaac Lab, Genesis) for the Collector
     from rlstash import RolloutStorage
+    from rlstash import Logger, wandb_logger, push_to_hub, pull_from_hub   # tracking, sharing
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ _EXPORTS: dict[str, str] = {
     "transitions_from_windows": "rlstash.agents.history",
     # the training application
     "TrainConfig": "rlstash.train.config",
+    # tracking (rlstash train --track wandb) and sharing (rlstash push / pull)
+    "Logger": "rlstash.train.tracking",
+    "WandbLogger": "rlstash.train.tracking",
+    "wandb_logger": "rlstash.train.tracking",
+    "push_to_hub": "rlstash.hub.client",
+    "pull_from_hub": "rlstash.hub.client",
 }
 
 __all__ = [
@@ -108,6 +115,11 @@ __all__ = [
     "TensorStorage",
     "TieredStorage",
     "TrainConfig",
+    "Logger",
+    "WandbLogger",
+    "wandb_logger",
+    "push_to_hub",
+    "pull_from_hub",
     "UniformSampler",
     "WorkerFailedError",
     "from_rsl_rl",
@@ -142,6 +154,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.envs.errors import WorkerFailedError
     from rlstash.envs.process_pool import ProcessPoolVectorEnv
     from rlstash.envs.rsl_rl import from_rsl_rl
+    from rlstash.hub.client import pull_from_hub, push_to_hub
     from rlstash.indices import IndexRangeError
     from rlstash.memory import InsufficientMemoryError, MemoryPlan, plan
     from rlstash.ratelimit import RateLimiter
@@ -153,4 +166,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.storage.ram import TensorStorage
     from rlstash.storage.rollout import RolloutStorage
     from rlstash.train.config import TrainConfig
+    from rlstash.train.tracking import Logger, WandbLogger, wandb_logger
     from rlstash.writer import RingWriter

@@ -28,7 +28,7 @@ TOP_LEVEL = {
 }  # fmt: skip
 PACKAGES = {
     "storage": 1, "sampler": 1, "envs": 3, "collect": 4, "agents": 5,
-    "diag": 6, "train": 6, "cli": 7,
+    "diag": 6, "train": 6, "hub": 6, "cli": 7,
 }  # fmt: skip
 LAYER_NAMES = {0: "foundation", 1: "storage/sampler", 2: "replay", 3: "envs", 4: "collect",
                5: "agents", 6: "train/diag", 7: "cli"}  # fmt: skip

@@ -15,12 +15,18 @@ from rlstash.settings import setting as s
 class EvalConfig:
     """Settings of ``rlstash eval``."""
 
-    run: str = s("", "Run directory (runs/<name>).", positional=True)
+    run: str = s(
+        "",
+        "Run directory (runs/<name>), or hf://USER/NAME: an agent on the Hugging Face Hub "
+        "(fetched into its cache; needs rlstash[hub]).",
+        positional=True,
+    )
     episodes: int = s(10, "Episodes to run.", at_least=1)
     seed: int = s(12345, "Seed of the first episode.", at_least=0)
     video: bool = s(
         False,
-        "Record the episodes of evaluation env 0 to RUN/videos/*.mp4 (needs rlstash[video]).",
+        "Record the episodes of evaluation env 0 to RUN/videos/*.mp4 (hf://USER/NAME: "
+        "./videos/USER--NAME/*.mp4; needs rlstash[video]).",
     )
 
     def __post_init__(self) -> None:
@@ -32,7 +38,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rlstash.train.evaluate import evaluate_run
 
     args = config_from_args(EvalConfig, args)
-    out = evaluate_run(Path(args.run), episodes=args.episodes, seed=args.seed, video=args.video)
+    run, video_dir = Path(args.run), None
+    if args.run.startswith("hf://"):
+        from rlstash.hub import pull
+
+        run = pull(args.run, field="run")
+        video_dir = Path("videos") / args.run.removeprefix("hf://").replace("/", "--")
+    out = evaluate_run(
+        run, episodes=args.episodes, seed=args.seed, video=args.video, video_dir=video_dir
+    )
     r = out["returns"]
     print(
         f"{args.run}: {len(r)} episodes, return mean {r.mean():.2f} +- {r.std():.2f} (min {r.min():.1f}, max {r.max():.1f}), length mean {out['lengths'].mean():.1f}"

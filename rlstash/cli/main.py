@@ -1,4 +1,4 @@
-"""The ``rlstash`` command: train | eval | plan | doctor | bench.
+"""The ``rlstash`` command: train | eval | plan | doctor | bench | verify | push | pull.
 
 Each subcommand is a module of :mod:`rlstash.cli` with a ``register(sub)`` and a thin
 ``cmd_*`` function over the library; this module joins them. Every error is one
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-COMMANDS = ("plan", "doctor", "train", "eval", "verify", "bench")
+COMMANDS = ("plan", "doctor", "train", "eval", "verify", "bench", "push", "pull")
 """The subcommands, each a module of :mod:`rlstash.cli` with a ``register(sub)``."""
 
 

@@ -180,6 +180,20 @@ class TrainConfig:
     run_dir: str = s("runs", "Parent directory of runs.", group="output")
     name: str = s("", "Run name (default <algo>-<env>-s<seed>).", group="output")
     quiet: bool = s(False, "Plain log lines instead of a progress bar.", group="output")
+    track: str = s(
+        "",
+        "Experiment tracker besides progress.csv, eval.csv and TensorBoard: '' (none) or wandb "
+        "(Weights & Biases, needs pip install 'rlstash[wandb]'; WANDB_MODE=offline works "
+        "without a network).",
+        group="output",
+    )
+    wandb_project: str = s("rlstash", "W&B project, with --track wandb.", group="output")
+    wandb_entity: str = s(
+        "", "W&B entity (team or user; '' = your default), with --track wandb.", group="output"
+    )
+    wandb_tags: tuple[str, ...] = s(
+        (), "W&B tags, comma-separated, with --track wandb.", group="output"
+    )
     agent: dict[str, Any] = s({}, "Agent settings (learner only; see the agent's config).")
 
     def __post_init__(self) -> None:
@@ -222,6 +236,10 @@ class TrainConfig:
                 self.name, "e.g. --name pong-lz4, or --run-dir for the parent directory",
             )  # fmt: skip
         _one_of(self, "algo", tuple(ALGOS))
+        if self.track not in TRACKERS:
+            raise SettingError(
+                "track", "'' (no tracker) or 'wandb'", self.track, "give --track wandb, or drop it"
+            )
 
     def compression(self) -> Any:
         """The replay's :class:`~rlstash.storage.frames.FrameCompression`, or None. Once the
@@ -377,6 +395,9 @@ LOOP_SETTINGS = (
     "gradient_steps",
 )
 """The loop settings whose default depends on the algorithm and the env (``None`` = preset)."""
+
+TRACKERS = ("", "wandb")
+"""``track`` values (:mod:`rlstash.train.tracking`)."""
 
 RUN_DEFAULTS = {"eval_every": 1000, "eval_episodes": 10, "checkpoint_every": 10_000}
 """Output settings an env's preset may set (``None`` = the preset's, else these)."""

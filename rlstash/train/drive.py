@@ -106,6 +106,7 @@ def _progress_row(run: Any, metrics: dict[str, Any]) -> dict[str, Any]:
 
 def _evaluate(run: Any, log: RunLog) -> None:
     cfg = run.cfg
+    videos = len(run.recorder.written) if run.recorder is not None else 0
     if run.recorder is not None:  # --video: the first episode of eval env 0
         run.recorder.request(f"step-{run.step:09d}")
     try:
@@ -130,6 +131,8 @@ def _evaluate(run: Any, log: RunLog) -> None:
     }
     run.evals.append({"step": run.step, **row})
     log.log_eval(run.step, row)
+    for path in run.recorder.written[videos:] if run.recorder is not None else ():
+        log.log_video(run.step, path)
 
 
 def _solved(run: Any) -> bool:

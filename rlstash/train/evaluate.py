@@ -13,11 +13,17 @@ from rlstash.train.config import TrainConfig
 
 
 def evaluate_run(
-    run_dir: Path, episodes: int = 10, seed: int = 12345, device: str = "cpu", video: bool = False
+    run_dir: Path,
+    episodes: int = 10,
+    seed: int = 12345,
+    device: str = "cpu",
+    video: bool = False,
+    video_dir: Path | None = None,
 ) -> dict[str, np.ndarray]:
     """Rebuild the agent of ``run_dir`` from its checkpoint and roll it out deterministically
     (ALE ids: full games, unclipped score). With ``video`` the episodes of evaluation env 0
-    are recorded to ``<run_dir>/videos/eval-s<seed>-<i>.mp4`` (``out["videos"]``: the paths)."""
+    are recorded to ``<video_dir>/eval-s<seed>-<i>.mp4`` (default ``<run_dir>/videos``;
+    ``out["videos"]``: the paths)."""
     from rlstash.train import video as videos
 
     for name, value, low in (("episodes", episodes, 1), ("seed", seed, 0)):
@@ -27,7 +33,7 @@ def evaluate_run(
         raise ValueError(
             f"run: no complete checkpoint in {run_dir}; train first (rlstash train --name ...)"
         )
-    recorder = videos.Recorder(run_dir / "videos") if video else None  # refuses early
+    recorder = videos.Recorder(video_dir or run_dir / "videos") if video else None  # refuses early
     ckpt, state, _ = rundir.read_checkpoint(run_dir)  # manifest, settings, checksum, load
     cfg = TrainConfig(**state["config"])
     info = builders.probe_env(cfg.env, cfg.history)

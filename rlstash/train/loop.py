@@ -17,24 +17,33 @@ updates alternate.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 from rlstash.finite import NonFiniteError
-from rlstash.train import checkpoint, ray_run, rundir
+from rlstash.train import checkpoint, ray_run, rundir, tracking
 from rlstash.train.builders import build_run
 from rlstash.train.config import TrainConfig
 from rlstash.train.drive import TrainResult, _progress_row, drive
 from rlstash.train.run import Run
 from rlstash.train.runlog import RunLog, run_length
+from rlstash.train.tracking import Logger
 
 __all__ = ["TrainConfig", "TrainResult", "train"]
 _ = _progress_row  # re-exported (tests read progress rows through rlstash.train.loop)
 
 
-def train(cfg: TrainConfig | None = None, resume: str | Path | None = None) -> TrainResult:
+def train(
+    cfg: TrainConfig | None = None,
+    resume: str | Path | None = None,
+    loggers: Sequence[Logger] = (),
+) -> TrainResult:
     """Run (or resume) training; returns where the results are. The run directory is held by
     this call alone (:func:`rlstash.train.rundir.hold`); a checkpoint is checked before it is
-    used, and ``cfg`` given with ``resume`` must match the run's settings."""
+    used, and ``cfg`` given with ``resume`` must match the run's settings. ``loggers``
+    (:class:`~rlstash.train.tracking.Logger`) get every row besides the CSVs and TensorBoard,
+    and those ``cfg.track`` asks for (``wandb``); the run closes them when it ends."""
     if resume is not None:
         run_dir = Path(resume)
         if checkpoint.latest(run_dir) is None:
@@ -58,11 +67,19 @@ def train(cfg: TrainConfig | None = None, resume: str | Path | None = None) -> T
             if ckpt.name != checkpoint.NAME:
                 ckpt.rename(run_dir / checkpoint.NAME)
             cfg = TrainConfig(**state["config"])
+        if cfg.track:
+            tracking.import_wandb()  # refused before anything is built
         run = build_run(cfg, run_dir, state)  # refuses bad settings before writing anything
         held.keep = True
         total = run_length(run.cfg.steps, run.step, run.frames_per_collect)  # whole collections
-        log = RunLog(run_dir, total, quiet=run.cfg.quiet, start_step=run.step)
         try:
+            tracked = [*tracking.from_config(run.cfg, run_dir), *loggers]
+            log = RunLog(run_dir, total, quiet=run.cfg.quiet, start_step=run.step, loggers=tracked)
+        except BaseException:
+            run.close()
+            raise
+        try:
+            log.log_config(dataclasses.asdict(run.cfg))
             return run_loop(run, log)
         except NonFiniteError as exc:  # I10: a NaN/inf batch or loss; no checkpoint holds it
             kept = checkpoint.latest(run_dir)

@@ -1,4 +1,5 @@
-"""Run logs: CSV always, TensorBoard when installed, a progress bar or plain lines, a plot.
+"""Run logs: CSV always, TensorBoard when installed, other loggers (W&B), a progress bar or
+plain lines, a plot.
 
 Everything goes to ``runs/<name>/``: ``progress.csv`` (one row per log call, columns fixed by
 the first row plus any later keys appended), ``eval.csv``, ``tb/`` (TensorBoard) and
@@ -8,81 +9,38 @@ the first row plus any later keys appended), ``eval.csv``, ``tb/`` (TensorBoard)
 from __future__ import annotations
 
 import csv
-import io
-import math
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlstash.atomic import write_atomic
+from rlstash.train import tracking
+from rlstash.train.tracking import CsvLog
 
-
-class CsvLog:
-    """Append-only CSV whose header grows when new keys appear (rewritten once then).
-
-    An existing file is kept (resume) up to ``until_step``: rows of later steps were logged
-    after the checkpoint the run resumes from, and are logged again, so they are dropped.
-    """
-
-    def __init__(self, path: Path, until_step: int = 0) -> None:
-        self.path = path
-        self.keys: list[str] = []
-        if path.exists():
-            with path.open() as f:
-                self.keys = next(csv.reader(f), [])
-            rows = self._read() if self.keys else []
-            keep = [r for r in rows if _step(r) <= until_step]
-            if len(keep) != len(rows):
-                write_atomic(path, lambda f: self._dump(f, keep))
-
-    def _dump(self, f: Any, rows: list[dict[str, str]]) -> None:
-        text = io.StringIO(newline="")
-        w = csv.DictWriter(text, self.keys)
-        w.writeheader()
-        w.writerows(rows)
-        f.write(text.getvalue().encode())
-
-    def write(self, row: dict[str, Any]) -> None:
-        new = [k for k in row if k not in self.keys]
-        if new:
-            old_rows = self._read() if self.keys else []
-            self.keys += new
-            with self.path.open("w", newline="") as f:
-                w = csv.DictWriter(f, self.keys)
-                w.writeheader()
-                w.writerows(old_rows)
-        with self.path.open("a", newline="") as f:
-            csv.DictWriter(f, self.keys).writerow({k: _fmt(v) for k, v in row.items()})
-
-    def _read(self) -> list[dict[str, str]]:
-        with self.path.open() as f:
-            return list(csv.DictReader(f))
-
-
-def _step(row: dict[str, str]) -> float:
-    try:
-        return float(row.get("step") or "nan")
-    except ValueError:
-        return math.inf  # unreadable: dropped with the rows past the checkpoint
-
-
-def _fmt(v: Any) -> Any:
-    return f"{v:.6g}" if isinstance(v, float) else v
+__all__ = ["CsvLog", "RunLog", "plot_learning_curve", "progress_line", "run_length"]
 
 
 class RunLog:
-    """CSV + optional TensorBoard + a progress display (tqdm bar, or plain lines when quiet)."""
+    """The run's loggers (:mod:`rlstash.train.tracking`: CSV always, TensorBoard when
+    installed, then ``loggers``, e.g. W&B) + a progress display (tqdm bar, or plain lines when
+    quiet)."""
 
     def __init__(
-        self, run_dir: Path, total_steps: int, quiet: bool = False, start_step: int = 0
+        self,
+        run_dir: Path,
+        total_steps: int,
+        quiet: bool = False,
+        start_step: int = 0,
+        loggers: Sequence[Any] = (),
     ) -> None:
         self.run_dir = run_dir
-        self.progress = CsvLog(run_dir / "progress.csv", start_step)
-        self.evals = CsvLog(run_dir / "eval.csv", start_step)
+        self.csv = tracking.CsvLogger(run_dir, start_step)
+        self.progress, self.evals = self.csv.progress, self.csv.evals
+        tb = tracking.tensorboard_logger(run_dir / "tb", start_step)
+        self.loggers: list[Any] = [self.csv, *([tb] if tb is not None else []), *loggers]
         self.quiet = quiet
         self.total = total_steps
-        self._tb = _tensorboard(run_dir / "tb", start_step)
         self._bar = None if quiet else _tqdm(total_steps, start_step)
         self._last_line = 0.0
         self._t0 = time.monotonic()
@@ -108,23 +66,27 @@ class RunLog:
             print(text, flush=True)
 
     def log(self, step: int, row: dict[str, Any]) -> None:
-        self.progress.write({"step": step, **row})
-        if self._tb is not None:
-            for k, v in row.items():
-                if isinstance(v, int | float) and math.isfinite(v):
-                    self._tb.add_scalar(k, v, step)
+        for logger in self.loggers:
+            logger.log(step, row, "progress")
         self._show(step, row)
 
     def log_eval(self, step: int, row: dict[str, Any]) -> None:
-        self.evals.write({"step": step, **row})
-        if self._tb is not None:
-            for k, v in row.items():
-                if isinstance(v, int | float):
-                    self._tb.add_scalar(f"eval/{k}", v, step)
+        for logger in self.loggers:
+            logger.log(step, row, "eval")
         self.info(
             f"[eval] step {step}: return {row['return_mean']:.1f} +- {row['return_std']:.1f} "
             f"over {row['episodes']} episodes"
         )
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        """The run's resolved settings, to every logger."""
+        for logger in self.loggers:
+            logger.log_config(config)
+
+    def log_video(self, step: int, path: Path) -> None:
+        """An evaluation video written at ``path``, to every logger."""
+        for logger in self.loggers:
+            logger.log_video(step, path)
 
     def _show(self, step: int, row: dict[str, Any]) -> None:
         sps = (step - self._step0) / max(time.monotonic() - self._t0, 1e-9)
@@ -141,9 +103,12 @@ class RunLog:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        loggers, self.loggers = self.loggers, []
+        for logger in loggers:  # each is closed, also when one before it fails
+            try:
+                logger.close()
+            except Exception as exc:  # noqa: BLE001
+                self.info(f"closing the {type(logger).__name__} failed: {exc}")
 
 
 def run_length(steps: int, start: int, chunk: int) -> int:
@@ -173,15 +138,6 @@ def _tqdm(total: int, initial: int) -> Any:
     except ImportError:
         return None
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
-
-
-def _tensorboard(path: Path, start_step: int) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except (ImportError, ModuleNotFoundError):
-        return None
-    # purge_step: a resumed run hides the events logged after its checkpoint
-    return SummaryWriter(str(path), purge_step=start_step or None)
 
 
 def plot_learning_curve(run_dir: Path, threshold: float | None = None) -> Path | None:
