@@ -1,0 +1,210 @@
+"""The documentation cannot drift from the code: every Python block of ``docs/`` and of the
+README runs, and the site builds with ``mkdocs build --strict`` (no broken link, no missing
+reference, no docstring warning).
+
+The blocks of one page run in order in one fresh interpreter (a page reads like a notebook:
+later blocks use what earlier ones defined), as ``__main__``, in a temporary directory, with
+CUDA hidden. A block preceded by ``<!-- needs: NAME -->`` runs only where ``import NAME``
+works (``cuda``: where CUDA is available); otherwise it is reported as a skip with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = sorted(
+    [p for p in (ROOT / "docs").rglob("*.md") if "hooks" not in p.parts] + [ROOT / "README.md"]
+)
+FENCE = re.compile(
+    r"^(?P<indent>[ \t]*)```python[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S
+)
+MARKER = re.compile(r"<!--\s*needs:\s*(?P<name>[\w.]+)\s*-->")
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int
+    code: str
+    needs: str | None
+
+    @property
+    def id(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    """The page's Python blocks, dedented (blocks inside tabs are indented), with their
+    ``needs`` marker: the last non-blank line before the fence."""
+    text = page.read_text(encoding="utf-8")
+    out = []
+    for m in FENCE.finditer(text):
+        before = [ln for ln in text[: m.start()].splitlines() if ln.strip()]
+        marker = MARKER.search(before[-1]) if before else None
+        out.append(
+            Block(
+                page=page,
+                line=text.count("\n", 0, m.start()) + 1,
+                code=textwrap.dedent(m.group("body")),
+                needs=marker.group("name") if marker else None,
+            )
+        )
+    return out
+
+
+def missing(need: str | None) -> str | None:
+    """Why a block with this ``needs`` cannot run here (None: it can)."""
+    if need is None:
+        return None
+    if need == "cuda":
+        return None if _cuda() else "needs CUDA, which this machine lacks"
+    if importlib.util.find_spec(need) is None:
+        return f"needs {need} (not installed here: a peer or an extra, not a dependency)"
+    return None
+
+
+def _cuda() -> bool:
+    code = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+    return subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+RUNNER = """
+import json, sys
+blocks = json.load(open(sys.argv[1]))
+scope = {"__name__": "__main__"}
+for b in blocks:
+    print(f"--- {b['id']}", flush=True)
+    exec(compile(b["code"], b["id"], "exec"), scope)
+"""
+
+ALL = [b for page in PAGES for b in blocks(page)]
+PAGES_WITH_CODE = [p for p in PAGES if blocks(p)]
+
+
+def test_there_are_blocks_and_every_page_is_found():
+    assert len(ALL) >= 20, "the docs lost their examples"
+    assert (ROOT / "docs" / "getting-started.md") in PAGES_WITH_CODE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_block_of_a_page_runs(page, tmp_path):
+    """The page's runnable blocks, in order, in one interpreter; the others are skipped
+    (see :func:`test_blocks_that_cannot_run_here_say_why`)."""
+    runnable = [b for b in blocks(page) if missing(b.needs) is None]
+    if not runnable:
+        pytest.skip("every block of this page needs something absent here")
+    spec = tmp_path / "blocks.json"
+    spec.write_text(json.dumps([{"id": b.id, "code": b.code} for b in runnable]))
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(spec)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, (
+        f"a block of {page.name} failed:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
+    )
+
+
+@pytest.mark.parametrize("block", [b for b in ALL if b.needs], ids=lambda b: b.id)
+def test_blocks_that_cannot_run_here_say_why(block):
+    why = missing(block.needs)
+    if why:
+        pytest.skip(f"{block.id}: {why}")
+    # runnable here: it ran in test_every_block_of_a_page_runs
+
+
+def test_a_block_marker_is_read_from_the_line_before_the_fence(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text(
+        "text\n\n<!-- needs: no_such_module_xyz -->\n\n```python\nimport no_such_module_xyz\n```\n"
+        '=== "tab"\n\n    ```python\n    x = 1\n    ```\n'
+    )
+    found = blocks(page)
+    assert [b.needs for b in found] == ["no_such_module_xyz", None]
+    assert found[1].code == "x = 1\n"
+    assert "no_such_module_xyz" in missing("no_such_module_xyz")
+
+
+def _docs_extra() -> str | None:
+    for name in (
+        "mkdocs",
+        "material",
+        "mkdocstrings",
+        "mkdocstrings_handlers.python",
+        "matplotlib",
+    ):
+        try:
+            found = importlib.util.find_spec(name)
+        except ModuleNotFoundError:
+            found = None
+        if found is None:
+            return f"the docs extra is not installed ({name} is missing): pip install -e '.[docs]'"
+    return None
+
+
+@pytest.mark.slow
+def test_the_site_builds_strict(tmp_path):
+    """``mkdocs build --strict``: any warning (a broken link, a missing reference, a docstring
+    the API reference cannot parse) fails the build; the generated pages are there."""
+    why = _docs_extra()
+    if why:
+        pytest.skip(why)
+    site = tmp_path / "site"
+    out = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-6000:]
+    cli = (site / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
+    assert "--buffer-size" in cli and "rlstash verify" in cli
+    api = (site / "reference" / "api" / "data" / "index.html").read_text(encoding="utf-8")
+    assert "ReplayBuffer" in api and "update_priorities" in api
+    assert list((site / "benchmarks" / "img").glob("learn-*.png"))
+
+
+def test_browser_check(tmp_path):
+    """The built site in headless Chromium (docs/check_browser.py): pages render without
+    console errors and the search finds ReplayBuffer. Needs chromium and the docs extra."""
+    import shutil
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium; .ci/run does)")
+    why = _docs_extra()
+    if why:
+        pytest.skip(why)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "docs" / "check_browser.py"),
+            "--build",
+            str(tmp_path / "site"),
+            "--screenshots",
+            str(tmp_path / "shots"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, f"{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+    assert "search 'ReplayBuffer'" in out.stdout
