@@ -160,6 +160,7 @@ def run_docs(py: Path, rest: list[str]) -> int:
     """Build the site into ``site/`` with ``mkdocs build --strict`` (any warning fails it) and
     print how long it took; ``--serve`` serves it on 127.0.0.1 instead (``--port``, 8000)."""
     os.chdir(ROOT)  # mkdocs.yml and the hooks' paths are the repository's
+    os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")  # Material's banner about its successor
     if "--serve" in rest:
         rest = [a for a in rest if a != "--serve"]
         port = "8000"

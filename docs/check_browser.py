@@ -327,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.build:
         site = Path(args.build)
         cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)]
-        subprocess.run(cmd, cwd=ROOT, check=True)
+        env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+        subprocess.run(cmd, cwd=ROOT, check=True, env=env)
     if not (site / "index.html").exists():
         print(f"{site} has no index.html: build it first (python3 run.py docs)", file=sys.stderr)
         return 2

@@ -158,53 +158,64 @@ def _docs_extra() -> str | None:
     return None
 
 
-@pytest.mark.slow
-def test_the_site_builds_strict(tmp_path):
-    """``mkdocs build --strict``: any warning (a broken link, a missing reference, a docstring
-    the API reference cannot parse) fails the build; the generated pages are there."""
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory):
+    """The site, built once for this module with ``mkdocs build --strict`` (any warning: a
+    broken link, a missing reference, a docstring the API reference cannot parse, fails it)."""
     why = _docs_extra()
     if why:
         pytest.skip(why)
-    site = tmp_path / "site"
+    site = tmp_path_factory.mktemp("docs") / "site"
     out = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)],
         cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
-    assert out.returncode == 0, out.stderr[-6000:]
-    cli = (site / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
-    assert "--buffer-size" in cli and "rlstash verify" in cli
-    api = (site / "reference" / "api" / "data" / "index.html").read_text(encoding="utf-8")
-    assert "ReplayBuffer" in api and "update_priorities" in api
-    assert list((site / "benchmarks" / "img").glob("learn-*.png"))
+    assert out.returncode == 0, f"mkdocs build --strict failed:\n{out.stderr[-6000:]}"
+    return site
 
 
-def test_browser_check(tmp_path):
-    """The built site in headless Chromium (docs/check_browser.py): pages render without
-    console errors and the search finds ReplayBuffer. Needs chromium and the docs extra."""
+@pytest.mark.slow
+def test_the_site_builds_strict(built_site):
+    """The generated pages are there: every subcommand's flags, the API reference of
+    rlstash.__all__, the benchmark figures."""
+    from rlstash.cli.main import COMMANDS
+
+    cli = (built_site / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
+    assert "--buffer-size" in cli
+    assert all(f"rlstash {name}" in cli for name in COMMANDS)
+    api = "".join(
+        p.read_text(encoding="utf-8") for p in (built_site / "reference" / "api").rglob("*.html")
+    )
+    import rlstash
+
+    assert all(name in api for name in rlstash.__all__)
+    assert "update_priorities" in api
+    assert list((built_site / "benchmarks" / "img").glob("learn-*.png"))
+
+
+@pytest.mark.slow
+def test_browser_check(built_site, tmp_path):
+    """The built site in headless Chromium (docs/check_browser.py): the home page, a guide, an
+    API page and the search for ReplayBuffer render without console errors."""
     import shutil
 
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("chromium is not installed (apt-get install -y chromium; .ci/run does)")
-    why = _docs_extra()
-    if why:
-        pytest.skip(why)
     out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "docs" / "check_browser.py"),
-            "--build",
-            str(tmp_path / "site"),
-            "--screenshots",
-            str(tmp_path / "shots"),
-        ],
+        [sys.executable, str(ROOT / "docs" / "check_browser.py"), "--site", str(built_site),
+         "--screenshots", str(tmp_path / "shots")],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
-    )
+    )  # fmt: skip
     assert out.returncode == 0, f"{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
-    assert "search 'ReplayBuffer'" in out.stdout
+    assert "ok   search 'ReplayBuffer'" in out.stdout
+    assert sorted(p.name for p in (tmp_path / "shots").iterdir()) == [
+        "api.png", "guide.png", "home.png", "search.png",
+    ]  # fmt: skip

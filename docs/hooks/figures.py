@@ -105,13 +105,10 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.split(":")[0].lower()).strip("-")
 
 
-def learning_curves(text: str) -> Iterator[tuple[str, str, bytes]]:
-    """(slug, title, PNG) per section with per-seed ``eval returns``: the return curves."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def curve_sections(text: str) -> list[tuple[str, str, dict[str, list[list[float]]]]]:
+    """(slug, heading, library -> per-seed returns) of each section with per-seed
+    ``eval returns`` (no drawing: what :func:`learning_curves` draws)."""
+    out = []
     for heading, header, rows in tables(text):
         if "eval returns" not in header or "library" not in header:
             continue
@@ -123,8 +120,19 @@ def learning_curves(text: str) -> Iterator[tuple[str, str, bytes]]:
             values = [float(v) for v in re.findall(r"-?\d+(?:\.\d+)?", r[ri])]
             if len(values) >= 2:
                 runs.setdefault(r[li], []).append(values)
-        if not runs:
-            continue
+        if runs:
+            out.append((_slug(heading), heading, runs))
+    return out
+
+
+def learning_curves(text: str) -> Iterator[tuple[str, str, bytes]]:
+    """(slug, title, PNG) per section with per-seed ``eval returns``: the return curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for slug, heading, runs in curve_sections(text):
         m = re.search(r"budget ([\d,]+) env steps", heading)
         budget = int(m.group(1).replace(",", "")) if m else None
         fig, ax = plt.subplots(figsize=(7, 3.6))
@@ -145,4 +153,4 @@ def learning_curves(text: str) -> Iterator[tuple[str, str, bytes]]:
         ax.set_ylabel("evaluation return")
         ax.set_title(_short(heading, 90), fontsize=10)
         ax.legend(fontsize=8)
-        yield _slug(heading), heading, _png(fig)
+        yield slug, heading, _png(fig)

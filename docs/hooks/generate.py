@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "docs" / "hooks"))
 
-from figures import learning_curves, ratio_bars, tables  # noqa: E402
+from figures import curve_sections, learning_curves, ratio_bars, tables  # noqa: E402
 
 API_SECTIONS = (  # (page, title, module prefixes), first match wins; the rest goes to "other"
     ("data", "Data: specs, storages, samplers, replay", ("rlstash.spec", "rlstash.memory",
@@ -44,10 +44,10 @@ def _cell(text: Any) -> str:
 
 
 def _split_default(help_text: str) -> tuple[str, str]:
-    m = re.search(r"\s*\[default: (.*)\]\s*$", help_text or "")
+    m = re.search(r"\s*\[default: ([^\]]*)\]", help_text or "")
     if not m:
         return help_text or "", ""
-    return help_text[: m.start()], m.group(1)
+    return help_text[: m.start()] + help_text[m.end() :], m.group(1)
 
 
 def _action_row(action: argparse.Action) -> str | None:
@@ -249,12 +249,15 @@ def settings_block(algo_name: str, kind: str) -> str:
     import dataclasses
 
     from rlstash.settings import help_of
+    from rlstash.train.algos import agent_fields
     from rlstash.train.config import ALGOS
 
     algo = ALGOS[algo_name]
     config = algo.learners[kind].config
     rows = []
     for f in dataclasses.fields(config):
+        if f.name not in agent_fields(config):  # the run's --seed seeds the agent
+            continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         rows.append(f"| `--{f.name.replace('_', '-')}` | `{default!r}` | {_cell(help_of(f))} |")
     out = [
@@ -310,7 +313,7 @@ def bench_block(stem: str, prefix: str) -> str:
     out += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     out.append("")
-    for slug, title, _png in learning_curves(text):
+    for slug, title, _runs in curve_sections(text):
         if title == heading:
             out += [f"![{title}](../benchmarks/img/{stem}-{slug}.png)", ""]
     return "\n".join(out)
