@@ -75,8 +75,7 @@ def ratio_bars(found: list[Table], stem: str) -> Iterator[tuple[str, bytes]]:
         rows = [r for r in rows if len(r) == len(header)]
         if not cols or not rows or len(rows) > 40:
             continue
-        labels = [_short(r[0] + (f" {r[1]}" if _ratio(r[1]) is None and len(header) > 2 else ""))
-                  for r in rows]  # fmt: skip
+        labels = [_label(r[: cols[0]]) for r in rows]
         names = [_col_name(header, j) for j in cols]
         fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) * max(1, len(cols) / 2) + 1.4))
         height = 0.8 / len(cols)
@@ -92,6 +91,12 @@ def ratio_bars(found: list[Table], stem: str) -> Iterator[tuple[str, bytes]]:
         if len(cols) > 1:
             ax.legend(fontsize=8)
         yield f"{heading or stem}: ratios", _png(fig)
+
+
+def _label(cells: list[str]) -> str:
+    """A row's label: its cells with words in them (not numbers), before the first ratio."""
+    words = [c for c in cells if re.search(r"[A-Za-z]", c) and c not in ("—", "-")]
+    return _short(" · ".join(words[:3]) or " ".join(cells[:1]), 60)
 
 
 def _col_name(header: list[str], j: int) -> str:
