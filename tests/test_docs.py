@@ -218,3 +218,42 @@ def test_browser_check(built_site, tmp_path):
     assert sorted(p.name for p in (tmp_path / "shots").iterdir()) == [
         "api.png", "guide.png", "home.png", "search.png",
     ]  # fmt: skip
+
+
+def test_sphinx_roles_and_literals_become_markdown_code():
+    """The API reference's griffe extension (docs/hooks/griffe_roles.py)."""
+    pytest.importorskip("griffe", reason="the docs extra is not installed")
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    try:
+        from griffe_roles import markdown
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "hooks"))
+    text = (
+        "See :class:`~rlstash.core.Storage`, :func:`plan` and ``x=1``.\n\nUse it::\n\n    a = 1\n"
+    )
+    assert markdown(text) == "See `Storage`, `plan` and `x=1`.\n\nUse it:\n\n```python\na = 1\n```"
+
+
+def test_the_cli_reference_lists_every_flag_with_its_default():
+    """docs/hooks/generate.py reads the parser: every flag of every command is a row, and a
+    default is split from the help wherever the help puts it."""
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed")
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    try:
+        import generate
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "hooks"))
+    assert generate._split_default("Capacity. [default: 1000000] (formerly --capacity)") == (
+        "Capacity. (formerly --capacity)",
+        "1000000",
+    )
+    page = generate.cli_page()
+    from rlstash.cli.main import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
+    for name, p in sub.choices.items():
+        assert f"## `rlstash {name}`" in page
+        for action in p._actions:
+            if action.help != "==SUPPRESS==" and action.option_strings and action.dest != "help":
+                assert f"`{action.option_strings[0]}`" in page, (name, action.option_strings)

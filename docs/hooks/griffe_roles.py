@@ -21,23 +21,28 @@ def _role(match: re.Match) -> str:
     return f"`{shown}`"
 
 
-def _block(match: re.Match) -> str:
-    lead, line, body = match.groups()
-    intro = line + (":" if line.strip() else "")
-    return f"{lead}{intro}\n\n```python\n{_dedent(body)}```\n"
-
-
-def _dedent(body: str) -> str:
-    import textwrap
-
-    return textwrap.dedent(body).rstrip("\n") + "\n\n"
+def _inline(text: str) -> str:
+    return _LITERAL.sub(lambda m: f"`{m.group(1)}`", _ROLE.sub(_role, text))
 
 
 def markdown(text: str) -> str:
-    """A docstring's text with roles, literals and ``::`` literal blocks in Markdown."""
-    text = _LITERAL_BLOCK.sub(_block, text + "\n")
-    text = _ROLE.sub(_role, text)
-    return _LITERAL.sub(lambda m: f"`{m.group(1)}`", text).rstrip("\n")
+    """A docstring's text with roles and literals as Markdown code and ``::`` literal blocks
+    as fenced Python blocks (their contents left as written)."""
+    import textwrap
+
+    text += "\n"
+    out, end = [], 0
+    for m in _LITERAL_BLOCK.finditer(text):
+        lead, line, body = m.groups()
+        intro = line + (":" if line.strip() else "")
+        code = textwrap.dedent(body).strip("\n")
+        out += [
+            _inline(text[end : m.start()]),
+            f"{lead}{_inline(intro)}\n\n```python\n{code}\n```\n",
+        ]
+        end = m.end()
+    out.append(_inline(text[end:]))
+    return "".join(out).rstrip("\n")
 
 
 class SphinxRolesToMarkdown(griffe.Extension):
