@@ -3,12 +3,14 @@
 
     python3 run.py train [rlstash train args...]   # the main job
     python3 run.py test  [pytest args...]          # the test suite (+ the Ray tests, see below)
+    python3 run.py docs  [--serve] [--port N]      # the documentation site into site/ (--strict)
     python3 run.py <any rlstash subcommand> ...    # e.g. plan, doctor, eval, bench
 
 Only the Python standard library is used here. Torch is installed first, pinned to the
 CPU build (2.13.0) when no torch is present, so pip never pulls a multi-GB CUDA build
 to satisfy ``torch>=2.4``. Then the package is installed editable with its ``dev`` extra (and
-``plots``, ``atari`` and ``video``: Atari ids and --video work, and their tests run).
+``plots``, ``atari``, ``video`` and ``docs``: Atari ids and --video work, the site builds, and
+their tests run).
 The install is redone only when pyproject.toml changes (a stamp file records its hash).
 
 ``test`` without a test selection (no path, ``-m`` or ``-k``) then runs the ``ray`` tests a
@@ -30,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 TORCH_PIN = "torch==2.13.0"
-EXTRAS = "dev,plots,atari,video,hub"
+EXTRAS = "dev,plots,atari,video,docs,hub"
 
 
 def _python() -> Path:
@@ -154,6 +156,30 @@ def _from_caller(arg: str) -> str:
     return os.path.abspath(path) + arg[len(path) :]
 
 
+def run_docs(py: Path, rest: list[str]) -> int:
+    """Build the site into ``site/`` with ``mkdocs build --strict`` (any warning fails it) and
+    print how long it took; ``--serve`` serves it on 127.0.0.1 instead (``--port``, 8000)."""
+    os.chdir(ROOT)  # mkdocs.yml and the hooks' paths are the repository's
+    os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")  # Material's banner about its successor
+    if "--serve" in rest:
+        rest = [a for a in rest if a != "--serve"]
+        port = "8000"
+        if "--port" in rest:
+            i = rest.index("--port")
+            port, rest = rest[i + 1], rest[:i] + rest[i + 2 :]
+        args = [str(py), "-m", "mkdocs", "serve", "--strict", "-a", f"127.0.0.1:{port}", *rest]
+        print(f"[run.py] serving the docs on http://127.0.0.1:{port}/ (Ctrl-C stops)", flush=True)
+        os.execv(args[0], args)
+    import time
+
+    start = time.monotonic()
+    code = subprocess.call([str(py), "-m", "mkdocs", "build", "--strict", "-d", "site", *rest])
+    took = time.monotonic() - start
+    if code == 0:
+        print(f"[run.py] site built in {took:.1f} s: open {ROOT / 'site' / 'index.html'}")
+    return code
+
+
 def main(argv: list[str]) -> int:
     """Run the job. The job replaces this process (``exec``): signals (Ctrl-C, SIGTERM,
     SIGKILL) reach the trainer itself, so none is left running as an orphan, and relative
@@ -163,6 +189,8 @@ def main(argv: list[str]) -> int:
         return 0
     py = ensure_venv()
     cmd, rest = argv[0], argv[1:]
+    if cmd == "docs":
+        return run_docs(py, rest)
     if cmd == "test" and os.name != "nt":
         try:
             return run_tests(py, rest)

@@ -20,6 +20,7 @@ from rlstash.cli.flags import (
     ints_at_least,
     positive_float,
 )
+from rlstash.cli.main import describe
 from rlstash.settings import check_types
 from rlstash.settings import setting as s
 
@@ -83,7 +84,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
         help="measure this machine: replay rates, env steps/s per worker count, agent updates/s",
-        description=__doc__.split("::")[0].strip() if __doc__ else None,
+        **describe(
+            "Measure this machine in about 20 s: replay extend and sample rates, env steps/s\n"
+            "for each worker count asked for and the agent's updates/s, then say whether\n"
+            "collection or the learner bounds a run (use it to pick --workers and --batch-size).",
+            "rlstash bench --env Pendulum-v1 --algo sac --envs 16 --workers 0,4,auto",
+            "benchmarks/",
+        ),
     )
     add_config_flags(p, BenchConfig)
     p.set_defaults(func=cmd_bench)

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass
 
 from rlstash.cli.flags import add_config_flags, config_from_args
+from rlstash.cli.main import describe
 from rlstash.settings import check_types
 from rlstash.settings import setting as s
 
@@ -32,6 +33,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``rlstash doctor`` to the ``rlstash`` parser."""
-    p = sub.add_parser("doctor", help="what matters for RL runs on this machine")
+    p = sub.add_parser(
+        "doctor",
+        help="what matters for RL runs on this machine",
+        **describe(
+            "Check this machine for what RL runs depend on: CUDA, free RAM and disk, /dev/shm,\n"
+            "the open-file limit and the process start methods, each with a fix where it falls\n"
+            "short.",
+            "rlstash doctor",
+        ),
+    )
     add_config_flags(p, DoctorConfig)
     p.set_defaults(func=cmd_doctor)

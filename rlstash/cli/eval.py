@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlstash.cli.flags import add_config_flags, config_from_args
+from rlstash.cli.main import describe
 from rlstash.settings import check_types
 from rlstash.settings import setting as s
 
@@ -58,6 +59,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``rlstash eval`` to the ``rlstash`` parser."""
-    p = sub.add_parser("eval", help="run a saved policy and print return statistics")
+    p = sub.add_parser(
+        "eval",
+        help="run a saved policy and print return statistics",
+        **describe(
+            "Load a run's checkpoint (verified first), play its policy for some episodes and\n"
+            "print the return statistics; --video records the episodes to MP4.",
+            "rlstash eval runs/dqn-CartPole-v1-s0",
+            "getting-started/#evaluating-and-resuming",
+        ),
+    )
     add_config_flags(p, EvalConfig)
     p.set_defaults(func=cmd_eval)

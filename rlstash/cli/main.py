@@ -19,12 +19,40 @@ from typing import Any, NoReturn
 COMMANDS = ("plan", "doctor", "train", "eval", "verify", "bench", "push", "pull")
 """The subcommands, each a module of :mod:`rlstash.cli` with a ``register(sub)``."""
 
+DOCS = "http://127.0.0.1:8000/"
+"""Where the documentation site is: ``python3 run.py docs --serve`` serves it here (change
+this one constant where the site is hosted)."""
+
+ABOUT = f"""\
+rlstash trains reinforcement-learning agents and keeps their experience: it steps many
+environments in parallel worker processes, stores transitions in replay buffers in RAM, on a
+GPU or on disk (memory planned before it is allocated), and trains DQN, SAC, TD3 or PPO,
+leaving a run directory you can evaluate, verify and resume.
+
+start here:
+  rlstash train                              train DQN on CartPole-v1 until solved
+  rlstash train --algo sac --env Pendulum-v1
+  rlstash <command> --help                   what a command does, its flags and defaults
+
+documentation: {DOCS} (built and served by: python3 run.py docs --serve)"""
+
+
+def describe(what: str, example: str, page: str = "reference/cli/") -> dict[str, Any]:
+    """``add_parser`` keywords that make a command's ``--help`` speak to its user: what it
+    does, one example, and where the documentation is (``page`` under :data:`DOCS`)."""
+    return {
+        "description": f"{what}\n\nexample:\n  {example}\n\ndocumentation: {DOCS}{page}",
+        "formatter_class": argparse.RawDescriptionHelpFormatter,
+    }
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``rlstash`` parser: a :class:`Parser` with every command of :data:`COMMANDS`."""
     import importlib
 
-    p = Parser(prog="rlstash", description=__doc__)
+    p = Parser(
+        prog="rlstash", description=ABOUT, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         importlib.import_module(f"rlstash.cli.{name}").register(sub)

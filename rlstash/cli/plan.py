@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlstash.cli.fields import parse_fields
 from rlstash.cli.flags import add_config_flags, config_from_args, relabel
+from rlstash.cli.main import describe
 from rlstash.settings import SettingError, check_types
 from rlstash.settings import setting as s
 from rlstash.spec import Field, Spec
@@ -88,7 +89,16 @@ class PlanConfig:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``rlstash plan`` to the ``rlstash`` parser."""
-    p = sub.add_parser("plan", help="exact bytes a buffer needs per place, and whether it fits")
+    p = sub.add_parser(
+        "plan",
+        help="exact bytes a buffer needs per place, and whether it fits",
+        **describe(
+            "Print the exact bytes a replay buffer will take in RAM, on each GPU and on disk,\n"
+            "field by field, and whether it fits what is free here. Nothing is allocated.",
+            "rlstash plan --env CartPole-v1 --layout stream --num-envs 8 --buffer-size 100000",
+            "concepts/#specs-and-plans",
+        ),
+    )
     add_config_flags(p, PlanConfig, renamed=RENAMED)
     p.set_defaults(func=cmd_plan)
 

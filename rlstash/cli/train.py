@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlstash.cli.flags import Given, add_train_flags, given_flags, known_settings
+from rlstash.cli.main import describe
 from rlstash.settings import SettingError
 from rlstash.train.config import TrainConfig
 
@@ -132,9 +133,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser(
         "train",
         help="train an agent (default: DQN on CartPole-v1 until solved)",
-        description="Train an agent. Every setting below is a field of TrainConfig or of the "
-        "algorithm's agent config; --config FILE (TOML, agent settings under [agent]) and "
-        "--set NAME=VALUE take the same names.",
+        **describe(
+            "Train an agent on an environment and write runs/<name>/: progress.csv, eval.csv,\n"
+            "learning_curve.png and a checksummed checkpoint that --resume continues. Settings\n"
+            "not given take the algorithm's defaults, then the env's tuned preset. Every setting\n"
+            "below is also accepted as --set NAME=VALUE and in a --config TOML file (agent\n"
+            "settings under [agent]).",
+            "rlstash train --algo sac --env Pendulum-v1 --storage disk",
+            "getting-started/",
+        ),
     )
     t.add_argument(
         "--config", default=None, help="TOML file of settings ([agent] table for the agent)"

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlstash.cli.main import describe
 from rlstash.manifest import DamagedFile
 from rlstash.train import checkpoint, rundir
 
@@ -279,7 +280,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     v = sub.add_parser(
         "verify",
         help="check a run: checkpoint checksums, that every file loads, the buffer's files and rows",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        **describe(
+            "Check a whole run directory and print what was found, a line a check: each\n"
+            "checkpoint's MANIFEST.json sizes and SHA-256 sums, that the agent and the buffer\n"
+            "load, and the disk buffer's files and rows. Nothing is written.",
+            "rlstash verify runs/dqn-CartPole-v1-s0",
+            "getting-started/#reading-the-run-directory",
+        ),
     )
     v.add_argument("run", help="run directory (runs/<name>)")
     v.set_defaults(func=cmd_verify)
