@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""Issue 27's table: the library default layout, EnvPool alone and EnvPool through rlstash's
+collectors into a StreamStorage, against the one-process loop, interleaved, medians.
+
+    .venv/bin/python bench/collect_backends.py [--envs CartPole-v1,HalfCheetah-v5,Burn-200us]
+        [--n 32] [--reps 5] [--target-s 0.3] [--out bench/results/collect_backends.md]
+
+Runs in the project's ``.venv`` with ``pip install 'rlstash[envpool,mujoco]'`` (EnvPool is an
+rlstash extra, not only a peer). Each cell (env, N) runs in a fresh process; its peers are
+built first, then timed interleaved (``common.interleaved``: one repetition of each in turn,
+rotating, medians), with the other users' load recorded (``common.cpu_meter``). Random
+actions from one numpy sampler for every peer. Rates are env steps/s; a ratio is to the raw
+loop of the same cell (gymnasium envs stepped one after the other in this process).
+
+Peers:
+
+* ``raw``: the one-process loop; ``rlstash-w2``: ``ProcessPoolVectorEnv(num_workers=2,
+  caller_envs=0)``; ``rlstash-w1c``: 1 worker + N // 2 envs in the caller; ``rlstash-default``:
+  ``ProcessPoolVectorEnv(id, N)`` with no layout argument (the rule,
+  :func:`rlstash.envs.auto.default_layout`);
+* ``envpool``: ``envpool.make_gymnasium(id, num_envs=N, num_threads=C)`` stepped alone;
+  ``envpool-async``: the same with ``batch_size=N/2`` (recv/send of ready envs);
+* ``rlstash-envpool-stream``: :class:`rlstash.EnvPoolVectorEnv` under :class:`rlstash.Collector`
+  (frames of 8 steps) into a :class:`~rlstash.storage.stream.StreamStorage` of N lanes;
+  ``rlstash-envpool-async-stream``: ``EnvPoolVectorEnv(batch_size=N/2)`` under
+  :class:`~rlstash.collect.async_batches.AsyncBatchCollector` into the same storage.
+
+EnvPool has no Burn env: its cells are empty there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+ENVS = {
+    "CartPole-v1": "CartPole-v1",
+    "HalfCheetah-v5": "HalfCheetah-v5",
+    "Burn-200us": "rlstash.envs.testing:rlstash/Burn-v0",
+}
+PEERS = (
+    "raw",
+    "rlstash-w2",
+    "rlstash-w1c",
+    "rlstash-default",
+    "envpool",
+    "envpool-async",
+    "rlstash-envpool-stream",
+    "rlstash-envpool-async-stream",
+)
+T = 8  # steps per Collector batch
+
+
+def _sampler(space, n: int, seed: int = 0):
+    from collect_peers import action_sampler
+
+    return action_sampler(space, n, seed)
+
+
+def _raw(env_id: str, n: int):
+    import gymnasium as gym
+
+    envs = [gym.make(env_id) for _ in range(n)]
+    for i, e in enumerate(envs):
+        e.reset(seed=i)
+    sample = _sampler(envs[0].action_space, n)
+
+    def run(k: int) -> None:
+        for _ in range(k):
+            acts = sample()
+            for e, a in zip(envs, acts):
+                _, _, term, trunc, _ = e.step(a)
+                if term or trunc:
+                    e.reset()
+
+    return run, lambda: [e.close() for e in envs]
+
+
+def _pool(env_id: str, n: int, **layout):
+    from rlstash.envs import ProcessPoolVectorEnv
+
+    pool = ProcessPoolVectorEnv(env_id, n, seed=0, **layout)
+    pool.reset()
+    sample = _sampler(pool.single_action_space, n)
+
+    def run(k: int) -> None:
+        for _ in range(k):
+            pool.step(sample())
+
+    return run, pool.close, f"{pool.num_workers} workers + {pool.caller_envs} in the caller"
+
+
+def _envpool(env_id: str, n: int, threads: int, batch: int | None = None):
+    import numpy as np
+
+    from rlstash.envs.envpool_env import EnvPoolVectorEnv, import_envpool, task_id
+
+    envpool = import_envpool()
+    kw = {"batch_size": batch} if batch else {}
+    pool = envpool.make_gymnasium(task_id(env_id), num_envs=n, seed=0, num_threads=threads, **kw)
+    space = EnvPoolVectorEnv  # noqa: F841 - the adapter module imported alike for every peer
+    act = pool.action_space
+    sample = _sampler(act, n)
+    dtype = act.dtype
+    if batch is None:
+        pool.reset()
+
+        def run(k: int) -> None:
+            for _ in range(k):
+                pool.step(np.asarray(sample(), dtype=dtype))
+
+        return run, pool.close
+    pool.async_reset()
+    per = n // batch
+
+    def run_async(k: int) -> None:
+        for _ in range(k * per):
+            info = pool.recv()[4]
+            ids = info["env_id"]
+            pool.send(np.asarray(sample()[: len(ids)], dtype=dtype), ids)
+
+    return run_async, pool.close
+
+
+def _stream(env, n: int, lane: int = 4096):
+    from rlstash.storage.stream import StreamStorage
+    from rlstash.train.run import step_spec
+
+    spec = step_spec(env.single_observation_space, env.single_action_space)
+    return StreamStorage(spec, n, n * lane)
+
+
+def _envpool_stream(env_id: str, n: int, threads: int, batch: int | None = None):
+    import math
+
+    import torch
+
+    from rlstash.collect.async_batches import AsyncBatchCollector
+    from rlstash.collect.sync import Collector
+    from rlstash.envs.envpool_env import EnvPoolVectorEnv
+
+    env = EnvPoolVectorEnv(env_id, n, seed=0, num_threads=threads, batch_size=batch)
+    store = _stream(env, n)
+    sample = _sampler(env.single_action_space, n)
+    if batch is None:
+        collector = Collector(env, lambda obs: torch.as_tensor(sample()), n * T, device="cpu")
+        collector.reset(seed=0)
+
+        def run(k: int) -> None:
+            for _ in range(math.ceil(k / T)):
+                collector.collect_into(store)
+
+        return run, env.close
+    collector = AsyncBatchCollector(env, lambda obs, ids: sample()[: len(ids)])
+
+    def run_async(k: int) -> None:
+        collector.collect_into(store, steps=k * n)
+
+    return run_async, env.close
+
+
+def cell(env_name: str, n: int, reps: int, target_s: float) -> dict:
+    """Build every peer of one cell, time them interleaved; rates in env steps/s."""
+    import common
+
+    from rlstash.envs.cpus import usable_cpus
+    from rlstash.envs.envpool_env import supported
+
+    env_id, cores = ENVS[env_name], usable_cpus()
+    runs, closers, notes, errors = {}, [], {}, {}
+    for peer in PEERS:
+        try:
+            if peer.startswith("envpool") or "envpool" in peer:
+                if not supported(env_id):
+                    errors[peer] = "EnvPool has no such env"
+                    continue
+            if peer == "raw":
+                run, close = _raw(env_id, n)
+            elif peer == "rlstash-w2":
+                run, close, notes[peer] = _pool(env_id, n, num_workers=cores, caller_envs=0)
+            elif peer == "rlstash-w1c":
+                run, close, notes[peer] = _pool(
+                    env_id, n, num_workers=max(1, cores - 1), caller_envs=n // cores
+                )
+            elif peer == "rlstash-default":
+                run, close, notes[peer] = _pool(env_id, n)
+            elif peer == "envpool":
+                run, close = _envpool(env_id, n, cores)
+            elif peer == "envpool-async":
+                run, close = _envpool(env_id, n, cores, n // 2)
+            elif peer == "rlstash-envpool-stream":
+                run, close = _envpool_stream(env_id, n, cores)
+            else:
+                run, close = _envpool_stream(env_id, n, cores, n // 2)
+        except Exception as exc:  # noqa: BLE001 - the table says why
+            errors[peer] = f"{type(exc).__name__}: {exc}"[:200]
+            continue
+        runs[peer], closers = run, [*closers, close]
+    try:
+        from collect_peers import _exclude_descendants
+
+        with common.cpu_meter() as meter:
+            _exclude_descendants(meter)  # the pools' workers are ours, not others' load
+            timings = common.interleaved(runs, reps=reps, target_s=target_s)
+    finally:
+        for close in closers:
+            close()
+    rates = {k: t.median * n for k, t in timings.items()}
+    spread = {k: (max(t.rates) - min(t.rates)) / t.median for k, t in timings.items()}
+    return {
+        "env": env_name, "n": n, "rates": rates, "spread": spread, "notes": notes,
+        "errors": errors, "others_load": getattr(meter, "others", None),
+    }  # fmt: skip
+
+
+def render(cells: list[dict], info: dict, args: argparse.Namespace) -> str:
+    import common
+
+    lines = [
+        "# Collection backends: the default layout, EnvPool, EnvPool into a StreamStorage",
+        "",
+        f"`.venv/bin/python bench/collect_backends.py --n {args.n} --reps {args.reps}` "
+        "(issue 27). **The machine was loaded by other helpers' tests while this ran** "
+        "(7 other sessions on 2 cores; `others' load` below): ratios within a cell are "
+        "interleaved medians, absolute rates are not comparable to a quiet machine's.",
+        "",
+        *common.header_lines(info),
+        "",
+        "Env steps/s, median of the interleaved repetitions (ratio to the one-process loop).",
+        "",
+        "| env | N | " + " | ".join(PEERS) + " | others' load (cores) |",
+        "| --- | ---: | " + " | ".join("---:" for _ in PEERS) + " | ---: |",
+    ]
+    for c in cells:
+        raw = c["rates"].get("raw")
+        row = []
+        for p in PEERS:
+            r = c["rates"].get(p)
+            if r is None:
+                row.append("–")
+            else:
+                ratio = f" ({r / raw:.2f}x)" if raw else ""
+                row.append(f"{common.fmt_rate(r)}{ratio}")
+        load = c.get("others_load")
+        load_text = "?" if load is None else f"{load:.2f}"
+        lines.append(f"| {c['env']} | {c['n']} | " + " | ".join(row) + f" | {load_text} |")
+    lines += ["", "## Goals (issue 27)", ""]
+    for c in cells:
+        r = c["rates"]
+        best = max(r.get("rlstash-w2", 0), r.get("rlstash-w1c", 0))
+        if best and "rlstash-default" in r:
+            ratio = r["rlstash-default"] / best
+            verdict = "PASS" if ratio >= 0.95 else "FAIL"
+            lines.append(
+                f"- {verdict}: {c['env']} {c['n']} envs: library default "
+                f"({c['notes'].get('rlstash-default')}) {ratio:.2f}x the best layout (goal >= 0.95x)"
+            )
+        for mine, peer in (
+            ("rlstash-envpool-stream", "envpool"),
+            ("rlstash-envpool-async-stream", "envpool-async"),
+        ):
+            if mine in r and peer in r:
+                ratio = r[mine] / r[peer]
+                verdict = "PASS" if ratio >= 0.9 else "FAIL"
+                lines.append(
+                    f"- {verdict}: {c['env']} {c['n']} envs: {mine} {ratio:.2f}x {peer} alone "
+                    "(goal >= 0.9x)"
+                )
+    errs = [(c["env"], p, e) for c in cells for p, e in c["errors"].items()]
+    if errs:
+        lines += ["", "Not run:", ""] + [f"- {env} {p}: {e}" for env, p, e in errs]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--envs", default=",".join(ENVS))
+    ap.add_argument("--n", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--target-s", type=float, default=0.3)
+    ap.add_argument("--out", default=str(HERE / "results" / "collect_backends.md"))
+    ap.add_argument("--cell", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.cell:
+        print(json.dumps(cell(args.cell, args.n, args.reps, args.target_s)))
+        return 0
+    import common
+
+    cells = []
+    for env in args.envs.split(","):
+        cmd = [sys.executable, __file__, "--cell", env, "--n", str(args.n),
+               "--reps", str(args.reps), "--target-s", str(args.target_s)]  # fmt: skip
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=os.environ)
+        if out.returncode != 0:
+            print(out.stderr[-3000:], file=sys.stderr)
+            return 1
+        cells.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(json.dumps(cells[-1]), flush=True)
+    text = render(cells, common.machine_info(), args)
+    Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
