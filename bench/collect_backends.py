@@ -25,12 +25,26 @@ Peers:
   ``rlstash-envpool-async-stream``: ``EnvPoolVectorEnv(batch_size=N/2)`` under
   :class:`~rlstash.collect.async_batches.AsyncBatchCollector` into the same storage.
 
-EnvPool has no Burn env: its cells are empty there.
+* ``puffer-w2`` / ``puffer-w2-b16``: ``pufferlib.vector.Multiprocessing`` (pufferlib-core
+  3.0.23) with one worker per core, synchronous (batch N) and asynchronous (batch N/2, its
+  recommended layout), each env a ``GymnasiumPufferEnv``. PufferLib pins torch 2.9, so it
+  gets a venv of its own that sees the project's ``.venv`` through a ``.pth`` line and has
+  only pufferlib-core installed with ``--no-deps``::
+
+      python3 -m venv .venv-puffer
+      echo "import site; site.addsitedir('$PWD/.venv/lib/python3.11/site-packages')" \
+          > .venv-puffer/lib/python3.11/site-packages/zz_rlstash_venv.pth
+      .venv-puffer/bin/pip install --no-deps pufferlib-core==3.0.23
+      .venv-puffer/bin/python bench/collect_backends.py
+
+EnvPool has no Burn env: its cells are empty there. torch runs one thread (the collectors'
+tensor ops are few; idle OpenMP threads would spin against EnvPool's threads).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -54,7 +68,10 @@ PEERS = (
     "envpool-async",
     "rlstash-envpool-stream",
     "rlstash-envpool-async-stream",
+    "puffer-w2",
+    "puffer-w2-b16",
 )
+PUFFER = ("puffer-w2", "puffer-w2-b16")  # pufferlib.vector.Multiprocessing layouts
 T = 8  # steps per Collector batch
 
 
@@ -129,6 +146,39 @@ def _envpool(env_id: str, n: int, threads: int, batch: int | None = None):
     return run_async, pool.close
 
 
+def puffer_env(env_id: str, buf=None, seed: int = 0):
+    """One gymnasium env as PufferLib emulates it (module level: its workers unpickle it)."""
+    import gymnasium as gym
+    import pufferlib.emulation
+
+    from rlstash.envs.registry import make
+
+    env = make(env_id) if ":" in env_id else gym.make(env_id)
+    return pufferlib.emulation.GymnasiumPufferEnv(env=env, buf=buf, seed=seed)
+
+
+def _puffer(env_id: str, n: int, workers: int, batch: int):
+    """pufferlib.vector.Multiprocessing: ``workers`` processes, ``recv`` of ``batch`` envs."""
+    import numpy as np
+    import pufferlib.vector
+
+    vec = pufferlib.vector.make(
+        puffer_env, env_kwargs={"env_id": env_id}, backend=pufferlib.vector.Multiprocessing,
+        num_envs=n, num_workers=workers, batch_size=batch, overwork=True,
+    )  # fmt: skip
+    vec.async_reset(0)
+    space = vec.single_action_space
+    sample = _sampler(space, batch)
+    per = n // batch
+
+    def run(k: int) -> None:
+        for _ in range(k * per):
+            vec.recv()
+            vec.send(np.asarray(sample(), dtype=space.dtype))
+
+    return run, vec.close
+
+
 def _stream(env, n: int, lane: int = 4096):
     from rlstash.storage.stream import StreamStorage
     from rlstash.train.run import step_spec
@@ -173,10 +223,16 @@ def cell(env_name: str, n: int, reps: int, target_s: float) -> dict:
     from rlstash.envs.cpus import usable_cpus
     from rlstash.envs.envpool_env import supported
 
+    import torch
+
+    torch.set_num_threads(1)  # the collectors' few tensor ops; no OpenMP threads spinning
     env_id, cores = ENVS[env_name], usable_cpus()
     runs, closers, notes, errors = {}, [], {}, {}
     for peer in PEERS:
         try:
+            if peer in PUFFER and importlib.util.find_spec("pufferlib") is None:
+                errors[peer] = "pufferlib not installed (run under .venv-puffer, see the docstring)"
+                continue
             if peer.startswith("envpool") or "envpool" in peer:
                 if not supported(env_id):
                     errors[peer] = "EnvPool has no such env"
@@ -195,6 +251,9 @@ def cell(env_name: str, n: int, reps: int, target_s: float) -> dict:
                 run, close = _envpool(env_id, n, cores)
             elif peer == "envpool-async":
                 run, close = _envpool(env_id, n, cores, n // 2)
+            elif peer in PUFFER:
+                batch = n if peer == "puffer-w2" else n // 2
+                run, close = _puffer(env_id, n, cores, batch)
             elif peer == "rlstash-envpool-stream":
                 run, close = _envpool_stream(env_id, n, cores)
             else:
