@@ -219,11 +219,10 @@ def _envpool_stream(env_id: str, n: int, threads: int, batch: int | None = None)
 def cell(env_name: str, n: int, reps: int, target_s: float) -> dict:
     """Build every peer of one cell, time them interleaved; rates in env steps/s."""
     import common
+    import torch
 
     from rlstash.envs.cpus import usable_cpus
     from rlstash.envs.envpool_env import supported
-
-    import torch
 
     torch.set_num_threads(1)  # the collectors' few tensor ops; no OpenMP threads spinning
     env_id, cores = ENVS[env_name], usable_cpus()
