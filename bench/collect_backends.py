@@ -58,7 +58,28 @@ ENVS = {
     "CartPole-v1": "CartPole-v1",
     "HalfCheetah-v5": "HalfCheetah-v5",
     "Burn-200us": "rlstash.envs.testing:rlstash/Burn-v0",
+    "Pong-atari": "ALE/Pong-v5",  # rlstash's Atari training env (rlstash.envs.atari) on both sides
+    "Breakout-atari": "ALE/Breakout-v5",
 }
+
+
+def gym_env(env_id: str):
+    """The gymnasium side of ``env_id``: rlstash's preprocessed training env for ALE ids."""
+    from rlstash.envs.atari import is_atari, make_atari
+    from rlstash.envs.registry import make
+
+    return make_atari(env_id, True) if is_atari(env_id) else make(env_id)
+
+
+def gym_source(env_id: str):
+    """What a ProcessPoolVectorEnv is made from: the id, or the Atari factory."""
+    import functools
+
+    from rlstash.envs.atari import is_atari
+
+    return functools.partial(gym_env, env_id) if is_atari(env_id) else env_id
+
+
 PEERS = (
     "raw",
     "rlstash-w2",
@@ -82,9 +103,8 @@ def _sampler(space, n: int, seed: int = 0):
 
 
 def _raw(env_id: str, n: int):
-    import gymnasium as gym
 
-    envs = [gym.make(env_id) for _ in range(n)]
+    envs = [gym_env(env_id) for _ in range(n)]
     for i, e in enumerate(envs):
         e.reset(seed=i)
     sample = _sampler(envs[0].action_space, n)
@@ -103,7 +123,7 @@ def _raw(env_id: str, n: int):
 def _pool(env_id: str, n: int, **layout):
     from rlstash.envs import ProcessPoolVectorEnv
 
-    pool = ProcessPoolVectorEnv(env_id, n, seed=0, **layout)
+    pool = ProcessPoolVectorEnv(gym_source(env_id), n, seed=0, **layout)
     pool.reset()
     sample = _sampler(pool.single_action_space, n)
 
@@ -148,12 +168,9 @@ def _envpool(env_id: str, n: int, threads: int, batch: int | None = None):
 
 def puffer_env(env_id: str, buf=None, seed: int = 0):
     """One gymnasium env as PufferLib emulates it (module level: its workers unpickle it)."""
-    import gymnasium as gym
     import pufferlib.emulation
 
-    from rlstash.envs.registry import make
-
-    env = make(env_id) if ":" in env_id else gym.make(env_id)
+    env = gym_env(env_id)
     return pufferlib.emulation.GymnasiumPufferEnv(env=env, buf=buf, seed=seed)
 
 
@@ -181,9 +198,12 @@ def _puffer(env_id: str, n: int, workers: int, batch: int):
 
 def _stream(env, n: int, lane: int = 4096):
     from rlstash.storage.stream import StreamStorage
+    from rlstash.storage.stream_spec import ReadSpec
     from rlstash.train.run import step_spec
 
     spec = step_spec(env.single_observation_space, env.single_action_space)
+    if getattr(env, "atari", False):  # stacks of 4 frames in, single frames stored
+        return StreamStorage(spec, n, n * 512, reads=ReadSpec(frame_stack=4), stacked_input=True)
     return StreamStorage(spec, n, n * lane)
 
 
