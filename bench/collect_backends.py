@@ -304,7 +304,8 @@ def render(cells: list[dict], info: dict, args: argparse.Namespace) -> str:
     lines = [
         "# Collection backends: the default layout, EnvPool, EnvPool into a StreamStorage",
         "",
-        f"`.venv/bin/python bench/collect_backends.py --n {args.n} --reps {args.reps}` "
+        f"`{args.python} bench/collect_backends.py --envs {args.envs} --n {args.n} "
+        f"--reps {args.reps} --target-s {args.target_s}` "
         "(issue 27). **The machine was loaded by other helpers' tests while this ran** "
         "(7 other sessions on 2 cores; `others' load` below): ratios within a cell are "
         "interleaved medians, absolute rates are not comparable to a quiet machine's.",
@@ -313,8 +314,12 @@ def render(cells: list[dict], info: dict, args: argparse.Namespace) -> str:
         "",
         "Env steps/s, median of the interleaved repetitions (ratio to the one-process loop).",
         "",
-        "| env | N | " + " | ".join(PEERS) + " | others' load (cores) |",
-        "| --- | ---: | " + " | ".join("---:" for _ in PEERS) + " | ---: |",
+        "`spread`: (max - min) / median of a peer's repetitions, the median over the cell's "
+        "peers: the noise of the cell. `rlstash-w1c` and `rlstash-default` are the same layout "
+        "on 2 cores (1 worker + 16 envs in the caller): their difference is noise too.",
+        "",
+        "| env | N | " + " | ".join(PEERS) + " | others' load (cores) | spread |",
+        "| --- | ---: | " + " | ".join("---:" for _ in PEERS) + " | ---: | ---: |",
     ]
     for c in cells:
         raw = c["rates"].get("raw")
@@ -328,7 +333,9 @@ def render(cells: list[dict], info: dict, args: argparse.Namespace) -> str:
                 row.append(f"{common.fmt_rate(r)}{ratio}")
         load = c.get("others_load")
         load_text = "?" if load is None else f"{load:.2f}"
-        lines.append(f"| {c['env']} | {c['n']} | " + " | ".join(row) + f" | {load_text} |")
+        spread = sorted(c["spread"].values())
+        mid = f"{100 * spread[len(spread) // 2]:.0f}%" if spread else "?"
+        lines.append(f"| {c['env']} | {c['n']} | " + " | ".join(row) + f" | {load_text} | {mid} |")
     lines += ["", "## Goals (issue 27)", ""]
     for c in cells:
         r = c["rates"]
@@ -365,13 +372,27 @@ def main() -> int:
     ap.add_argument("--target-s", type=float, default=0.3)
     ap.add_argument("--out", default=str(HERE / "results" / "collect_backends.md"))
     ap.add_argument("--cell", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--rerender", default=None, help="a run's log: the table again from it")
     args = ap.parse_args()
+    args.python = f"{Path(sys.executable).parent.parent.name}/bin/python"
     if args.cell:
         print(json.dumps(cell(args.cell, args.n, args.reps, args.target_s)))
         return 0
     import common
 
     cells = []
+    if args.rerender:
+        info: dict = {}  # the run's own machine lines (its header, before the table)
+        for line in Path(args.rerender).read_text().splitlines():
+            if line.startswith('{"env"'):
+                cells.append(json.loads(line))
+            elif line.startswith("| env"):
+                break
+            elif line.startswith("- ") and ": " in line:
+                key, _, value = line[2:].partition(": ")
+                info[key] = value
+        Path(args.out).write_text(render(cells, info, args))
+        return 0
     for env in args.envs.split(","):
         cmd = [sys.executable, __file__, "--cell", env, "--n", str(args.n),
                "--reps", str(args.reps), "--target-s", str(args.target_s)]  # fmt: skip
