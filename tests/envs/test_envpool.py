@@ -29,7 +29,6 @@ pytest.importorskip("envpool", reason="EnvPool backend: pip install 'rlstash[env
 
 import gymnasium as gym  # noqa: E402
 
-from rlstash.collect.env_contract import check_host_obs, check_step  # noqa: E402,F401
 from rlstash.envs.envpool_env import EnvPoolVectorEnv, supported  # noqa: E402
 
 # the random parts of EnvPool's Atari reset fixed (see the module docstring)
