@@ -29,6 +29,11 @@ Phases, each piece in a fresh process (bench/collect_peers.py):
    against the raw loop timed alone in the same process before and after (that ratio is the
    comparable number); leaked-semaphore warnings and processes left behind are counted.
 
+Issue 27's peers (the library's default layout, EnvPool alone and through rlstash's
+collectors into a StreamStorage, PufferLib's Multiprocessing, Atari cells) are in
+``bench/collect_backends.py`` (results: ``bench/results/collect_backends.md``, summarised in
+``collect.md``): they need envpool and pufferlib, which this script's ``.venv-bench`` lacks.
+
 Goals of issue 4 are checked at the end (PASS/FAIL lines). Exit code 1 when a non-TorchRL
 peer fails (the table says why).
 """

@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "RateLimiter": "rlstash.ratelimit",
     # envs and collection
     "ProcessPoolVectorEnv": "rlstash.envs.process_pool",
+    "EnvPoolVectorEnv": "rlstash.envs.envpool_env",  # envpool itself imported when one is made
     "WorkerFailedError": "rlstash.envs.errors",
     "EnvPool": "rlstash.envs",  # the old name of ProcessPoolVectorEnv: warns once
     "Collector": "rlstash.collect.sync",
@@ -86,6 +87,7 @@ __all__ = [
     "Delivery",
     "DiscreteSAC",
     "DiscreteSACConfig",
+    "EnvPoolVectorEnv",
     "ProcessPoolVectorEnv",
     "Field",
     "FrameCompression",
@@ -151,6 +153,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.collect.ray import RayActorFailedError, RayCollector
     from rlstash.collect.sync import Collector
     from rlstash.device import Delivery
+    from rlstash.envs.envpool_env import EnvPoolVectorEnv
     from rlstash.envs.errors import WorkerFailedError
     from rlstash.envs.process_pool import ProcessPoolVectorEnv
     from rlstash.envs.rsl_rl import from_rsl_rl

@@ -1,5 +1,34 @@
-"""``num_workers="auto"``: time the in-process and the multi-process backends on the envs
-at hand, interleaved, and keep the faster (torch-free)."""
+"""How a pool lays its envs out over processes (torch-free): the default rule
+(:func:`default_layout`, no timing) and ``num_workers="auto"`` (:func:`choose`: time the
+in-process and the multi-process backends on the envs at hand, interleaved, keep the faster).
+
+The default rule: with C usable cores (affinity, cgroup quota) and N envs,
+``C - 1`` worker processes and ``N // C`` envs stepped by the caller itself (its share,
+:mod:`rlstash.envs.caller_share`), so every core steps about N / C envs and the caller works
+instead of waiting. It needs no measurement: on 2 cores that layout was the fastest (or within
+the timing spread, 2%) of every layout in every cell measured, whatever the step cost, from
+CartPole (~5 us/step) over HalfCheetah (~30 us) to a 200 us env, and 8, 32 and 256 envs
+(``bench/results/collect.md``, 2026-11-24, idle machine: env steps/s as a multiple of the
+one-process loop; best other layout in brackets):
+
+=============== ======= ===================== ========================
+env             N       C - 1 workers + caller C workers (old default)
+=============== ======= ===================== ========================
+CartPole-v1     8 / 32  1.18x / 1.59x         0.48x / 0.94x
+Pendulum-v1     8 / 32  1.39x / 1.73x         0.60x / 0.98x
+HalfCheetah-v5  8 / 32  1.41x / 1.75x         0.73x / 1.35x
+Burn 200 us     8 / 32  1.94x / 1.94x         1.83x / 1.92x
+CartPole-v1     256     1.91x                 1.64x
+=============== ======= ===================== ========================
+
+Why the step cost does not matter: C workers put C + 1 busy threads (the caller gathers and
+scatters) on C cores, so a worker waits for the caller's wake-up every step; with the
+caller's share the critical path has C threads on C cores, and the caller's own share costs
+what a worker's costs. Cheap steps gain most (the per-step messages are a larger part), costly
+steps tie. With fewer than 2 cores or 2 envs, or when the caller must not step envs (a
+``step_timeout`` to bound hangs, a ``worker_env`` the envs need, ``max_concurrency``,
+gymnasium's ``worker``), the rule gives min(C, N) workers and no share, the old default.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +54,17 @@ def start(backend: Backend, resolve: Callable[[list, list], tuple]) -> dict:
     except BaseException:
         backend.close()
         raise
+
+
+def default_layout(num_envs: int, cores: int, contained: bool = False) -> tuple[int, int]:
+    """``(num_workers, caller_envs)`` for a pool given neither (see the module docstring):
+    ``C - 1`` workers and ``N // C`` envs in the caller for C >= 2 usable cores and N >= 2
+    envs; ``min(C, N)`` workers and no share with fewer, or when ``contained`` (every env
+    must step in a worker process)."""
+    if contained or cores < 2 or num_envs < 2:
+        return max(1, min(cores, num_envs)), 0
+    share = max(1, num_envs // cores)
+    return max(1, min(cores - 1, num_envs - share)), share
 
 
 def choose(

@@ -139,6 +139,66 @@ def is_batched(env_id: str) -> bool:
     return env_id in ENV_IDS
 
 
+ENV_BACKENDS = ("auto", "gymnasium", "envpool")
+
+
+def resolve_backend(
+    backend: str, env_id: str, history: int = 0, same_step: bool = False, ray: bool = False
+) -> tuple[str, str]:
+    """``(the env backend that runs, why)`` for ``backend`` (``auto``: EnvPool where it is
+    installed and has ``env_id`` and the run needs nothing only gymnasium's path gives, else
+    gymnasium; ``envpool``: EnvPool or a ValueError naming what stands in the way)."""
+    from rlstash.envs import envpool_env
+
+    if backend not in ENV_BACKENDS:
+        raise ValueError(f"env_backend: expected one of {ENV_BACKENDS}, got {backend!r}")
+    if backend == "gymnasium":
+        return "gymnasium", "asked for"
+    blockers = [
+        (is_batched(env_id), "it is one of rlstash's batched torch envs"),
+        (bool(history), "--history windows are gymnasium wrappers"),
+        (same_step, "the algorithm needs same-step autoreset (EnvPool resets at the next step)"),
+        (ray, "--ray actors step gymnasium pools"),
+    ]
+    blocker = next((why for hit, why in blockers if hit), None)
+    if backend == "envpool":
+        if blocker:
+            raise ValueError(
+                f"env_backend: envpool cannot run {env_id} here: {blocker}; use --env-backend "
+                "gymnasium (or auto)"
+            )
+        try:
+            envpool_env.import_envpool()
+        except ModuleNotFoundError as exc:
+            raise ValueError(f"env_backend: {exc}") from None
+        if not envpool_env.supported(env_id):
+            raise ValueError(
+                f"env_backend: EnvPool has no env {env_id!r} (as {envpool_env.task_id(env_id)!r}); "
+                "see envpool.list_all_envs(), or use --env-backend gymnasium"
+            )
+        return "envpool", "asked for"
+    if blocker:
+        return "gymnasium", blocker
+    if not envpool_env.installed():
+        return "gymnasium", f"envpool is not installed ({envpool_env.INSTALL_HINT})"
+    if not envpool_env.supported(env_id):
+        return "gymnasium", f"EnvPool has no {env_id}"
+    return "envpool", f"EnvPool has {env_id}"
+
+
+def describe_env(env_id: str, backend: str, why: str, env: Any = None) -> str:
+    """The start-up line of a run's env: its id, the backend that runs it and why, and how
+    (``env``: the vectorized env, a ProcessPoolVectorEnv's layout or EnvPool's version)."""
+    how = ""
+    if backend == "envpool":
+        from rlstash.envs.envpool_env import import_envpool
+
+        how = f", EnvPool {import_envpool().__version__} C++ envs"
+    elif env is not None and hasattr(env, "num_workers"):
+        how = f", {env!r}"
+    return f"env: {env_id} from {backend} ({why}{how})"
+
+
 def make_vec_env(
     env_id: str,
     num_envs: int,
@@ -148,13 +208,24 @@ def make_vec_env(
     device: Any = None,
     same_step: bool = False,
     source: Any = None,
+    backend: str = "gymnasium",
 ) -> Any:
     """A vectorized env: a batched torch env on ``device`` (a torch.device) for rlstash's
     batched ids, else rlstash's ProcessPoolVectorEnv (``workers=0`` steps in-process) of
     ``source`` (default: :func:`vec_source`). ``same_step``: same-step autoreset (every row a
-    real step; final observations come with the batch)."""
+    real step; final observations come with the batch). ``backend="envpool"``: an
+    :class:`~rlstash.envs.envpool_env.EnvPoolVectorEnv` (training preprocessing for ALE ids;
+    ``workers`` > 0: its threads), see :func:`resolve_backend`."""
     from rlstash.envs.process_pool import ProcessPoolVectorEnv
 
+    if backend == "envpool":
+        from rlstash.envs.envpool_env import EnvPoolVectorEnv
+
+        threads = workers if isinstance(workers, int) and workers > 0 else None
+        mode = "SameStep" if same_step else "NextStep"
+        return EnvPoolVectorEnv(
+            env_id, num_envs, seed, train=True, num_threads=threads, autoreset_mode=mode
+        )
     if is_batched(env_id):
         return make_batched_env(env_id, num_envs, workers, device, history, same_step)
     if source is None:

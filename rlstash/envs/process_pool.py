@@ -51,6 +51,11 @@ How it works and what else it does:
   on cores busy with other work it loses). An env of the caller's share that raises is
   handled as a worker that raised (the share is rebuilt, reported as worker
   ``num_workers``); a hang or a segfault there cannot be contained, as in-process.
+  **The default** (neither ``num_workers`` nor ``caller_envs`` given) is that layout:
+  C - 1 workers and the caller's share of N // C envs on C >= 2 usable cores
+  (:func:`rlstash.envs.auto.default_layout`, the rule and its measurements), unless
+  ``step_timeout``, ``worker_env`` or ``max_concurrency`` is given (then every env steps in
+  a worker, min(C, N) workers). Pass ``caller_envs=0`` to keep every env in a worker process.
   ``"auto"`` times in-process, W workers and W-1 workers + the caller's share of n // W envs
   (W: the usable cores) and keeps the fastest; it may so give up the isolation of the
   envs it puts in this process (its warning says what it chose).
@@ -76,15 +81,11 @@ from gymnasium import logger
 from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from rlstash.envs import auto, batching, config
+from rlstash.envs import batching, config, pool_setup
 from rlstash.envs.backend import Backend
 from rlstash.envs.errors import RestartEvent
-from rlstash.envs.gym_worker import GymWorkerBackend, check_worker
 from rlstash.envs.infos import merge_infos
-from rlstash.envs.inprocess import InProcessBackend
-from rlstash.envs.launch import child_environ
 from rlstash.envs.pool_arrays import PoolArrays
-from rlstash.envs.process_backend import ProcessBackend
 
 
 class ProcessPoolVectorEnv(VectorEnv):
@@ -110,7 +111,7 @@ class ProcessPoolVectorEnv(VectorEnv):
         daemon: bool = True,
         max_concurrency: int | None = None,
         worker: Callable | None = None,
-        caller_envs: int = 0,
+        caller_envs: int | None = None,
     ) -> None:
         """Start the envs.
 
@@ -119,8 +120,11 @@ class ProcessPoolVectorEnv(VectorEnv):
                 zero-argument env factory (lambdas are fine: cloudpickle), or one factory per
                 env (as for AsyncVectorEnv).
             num_envs: number of envs N (default: ``len(env_fns)`` for a list).
-            num_workers: worker processes W; None: the usable CPU cores (affinity, cgroup
-                quota), at most N; 0: in this process; ``"auto"``: time both, pick the faster.
+            num_workers: worker processes W; None (with ``caller_envs`` None): the default
+                layout, C - 1 workers and N // C envs in the caller for C >= 2 usable cores
+                (affinity, cgroup quota), else min(C, N) workers
+                (:func:`rlstash.envs.auto.default_layout`: the rule and its measurements);
+                0: in this process; ``"auto"``: time the layouts, keep the fastest.
             seed: env i's first reset uses ``seed + i`` (unless reset gets a seed); restart
                 seeds come from ``numpy.random.default_rng(seed)``.
             step_timeout: seconds a worker may take per step/reset/call before it is killed
@@ -157,74 +161,49 @@ class ProcessPoolVectorEnv(VectorEnv):
                 per env (:mod:`rlstash.envs.gym_worker`): no restarts, no torch-free start;
                 ``num_workers`` must be None.
             caller_envs: the last ``caller_envs`` envs step in this process during
-                ``step_wait`` while the workers step the others (default 0; see the module
-                docstring). Needs ``num_workers >= 1`` (None: the usable cores minus one).
+                ``step_wait`` while the workers step the others (see the module docstring).
+                Needs ``num_workers >= 1`` (None: the usable cores minus one). None: 0,
+                unless ``num_workers`` is None too (the default layout above); 0: every env
+                in a worker process.
         """
-        fns = config.factories(env_fns, num_envs, env_kwargs)
-        n = len(fns)
-        mode = config.autoreset_mode(autoreset_mode)
-        workers = config.cap_workers(config.num_workers(num_workers, n), max_concurrency)
-        workers, caller = config.caller_envs(caller_envs, workers, num_workers, n)
-        method = config.start_method(context)
-        timeouts = config.Timeouts(
-            start=config.step_timeout(start_timeout, "start_timeout"),
-            step=config.step_timeout(step_timeout),
+        setup = pool_setup.check(
+            env_fns, num_envs, num_workers, seed,
+            step_timeout=step_timeout, start_timeout=start_timeout, max_restarts=max_restarts,
+            autoreset_mode=autoreset_mode, env_kwargs=env_kwargs, worker_env=worker_env,
+            context=context, copy=copy, observation_mode=observation_mode,
+            shared_memory=shared_memory, daemon=daemon, max_concurrency=max_concurrency,
+            worker=worker, caller_envs=caller_envs,
+        )  # fmt: skip
+        self.copy, self.shared_memory, self.daemon = setup.copy, setup.shared_memory, setup.daemon
+        self._seed = setup.seed
+        backend, described, self.auto_timing = pool_setup.start(
+            setup, worker, num_workers, context, max_concurrency
         )
-        restarts = config.check_positive_int("max_restarts", max_restarts, minimum=0)
-        obs_mode = config.observation_mode(observation_mode)
-        self.copy = config.flag("copy", copy)
-        self.shared_memory = config.flag("shared_memory", shared_memory)
-        self.daemon = config.flag("daemon", daemon)
-        self._seed = config.seed(seed)
-        environ = child_environ(config.worker_env(worker_env))
-        rng = np.random.default_rng(self._seed)
-        resolve = config.space_resolver(obs_mode, self.shared_memory)
-
-        def processes(w: int, k: int = 0) -> ProcessBackend:
-            return ProcessBackend(fns, w, mode, method, environ, timeouts, restarts, rng, k)
-
-        self.auto_timing: dict[str, float] = {}
-        if worker is not None:
-            check_worker(worker, num_workers)
-            if caller:
-                raise ValueError(f"caller_envs: expected 0 with a custom worker, got {caller}")
-            gym_options = {
-                "context": context, "shared_memory": self.shared_memory, "daemon": self.daemon,
-                "observation_mode": obs_mode, "max_concurrency": max_concurrency,
-            }  # fmt: skip
-            backend: Backend = GymWorkerBackend(fns, worker, mode, gym_options)
-            described = auto.start(backend, resolve)
-        elif workers == "auto":
-            backend, described, self.auto_timing = auto.choose(
-                fns, mode, restarts, rng, processes, resolve
-            )
-        else:
-            backend = (
-                InProcessBackend(fns, mode, restarts, rng)
-                if workers == 0
-                else processes(workers, caller)
-            )
-            described = auto.start(backend, resolve)
         self._backend = backend
         self._finalizer = weakref.finalize(self, backend.close)
+        self.context: str | None = (
+            context if worker is not None else setup.method if backend.num_workers else None
+        )
+        self._adopt(setup, backend, described)
+
+    def _adopt(self, setup: pool_setup.PoolSetup, backend: Backend, described: dict) -> None:
+        """The pool's attributes from its checked arguments and its started backend."""
+        n = setup.num_envs
         self.num_envs = n
         self.num_workers: int = backend.num_workers
         self.caller_envs: int = getattr(backend, "caller_envs", 0)
-        self.context: str | None = (
-            context if worker is not None else method if backend.num_workers else None
-        )
-        self.step_timeout = timeouts.step
-        self.start_timeout = timeouts.start
-        self.max_restarts = restarts
-        self.observation_mode = obs_mode
-        self._mode = mode
-        self.autoreset_mode = config.MODE_ENUM[mode]
+        self.step_timeout = setup.timeouts.step
+        self.start_timeout = setup.timeouts.start
+        self.max_restarts = setup.restarts
+        self.observation_mode = setup.obs_mode
+        self._mode = setup.mode
+        self.autoreset_mode = config.MODE_ENUM[setup.mode]
         self.metadata = {**described["metadata"], "autoreset_mode": self.autoreset_mode}
         self.render_mode = described["render_mode"]
         self.spec = described.get("spec")
         self.single_observation_space = described["observation_space"]
         self.single_action_space = described["action_space"]
-        self.observation_space = batching.batched_obs_space(obs_mode, described, n)
+        self.observation_space = batching.batched_obs_space(setup.obs_mode, described, n)
         self.action_space = batch_space(self.single_action_space, n)
         self._arrays = PoolArrays(
             backend, self.single_observation_space, self.single_action_space, n

@@ -8,6 +8,9 @@ package an id needs first:
 * ``ALE/...``: ale-py (``pip install 'rlstash[atari]'``);
 * ``dm_control/...``: shimmy with dm_control (``pip install 'rlstash[dmc]'``);
 * ``module:EnvId``: imports ``module`` (which registers ``EnvId``), then makes ``EnvId``;
+  refused when ``EnvId`` is one of gymnasium's own envs, which the module did not register
+  (``envpool:CartPole-v1`` would otherwise train gymnasium's CartPole: EnvPool registers
+  nothing with gymnasium, its envs are a backend, ``--env-backend envpool``);
 * MuJoCo ids (``HalfCheetah-v5``...) are gymnasium's own (``pip install 'rlstash[mujoco]'``).
 """
 
@@ -31,7 +34,7 @@ def register_family(env_id: str) -> None:
     import gymnasium
 
     if ":" in env_id:
-        module = env_id.split(":", 1)[0]
+        module, name = env_id.split(":", 1)
         try:
             importlib.import_module(module)
         except ImportError as exc:
@@ -39,6 +42,7 @@ def register_family(env_id: str) -> None:
                 f"env id {env_id!r}: cannot import module {module!r} ({exc}); the part "
                 "before ':' must be an importable module that registers the env"
             ) from exc
+        check_registered_by(module, name)
         return
     namespace = env_id.split("/", 1)[0] if "/" in env_id else None
     if namespace not in FAMILIES:
@@ -52,6 +56,46 @@ def register_family(env_id: str) -> None:
             f"({exc}); install it with: pip install 'rlstash[{extra}]'"
         ) from exc
     gymnasium.register_envs(registrar)
+
+
+BACKEND_MODULES = {"envpool": "--env-backend envpool (library: EnvPoolVectorEnv)"}
+"""Modules that are env backends, not gymnasium registrations: named in ``module:EnvId``."""
+
+
+def _gymnasium_own(spec: Any) -> bool:
+    """Whether ``spec`` is one of gymnasium's own envs: its entry points (env and vector env)
+    in gymnasium.envs."""
+    for entry in (spec.entry_point, getattr(spec, "vector_entry_point", None)):
+        if entry is None:
+            continue
+        where = entry if isinstance(entry, str) else getattr(entry, "__module__", "") or ""
+        if not where.startswith("gymnasium.envs."):
+            return False
+    return True
+
+
+def check_registered_by(module: str, name: str) -> None:
+    """``module:name`` must make an env the module registered, not gymnasium's own ``name``
+    (see the module docstring); a ValueError naming the id and the fix otherwise."""
+    import gymnasium
+
+    try:
+        spec = gymnasium.spec(name)
+    except gymnasium.error.Error:
+        return  # gymnasium.make reports the unknown id
+    top = module.split(".", 1)[0]
+    if top == "gymnasium" or not _gymnasium_own(spec):
+        return
+    if top in BACKEND_MODULES:
+        raise ValueError(
+            f"env: {module}:{name} names the {top} backend as a module; {top} registers no "
+            f"gymnasium envs, so gymnasium's own {name} would run. Give the id and the backend: "
+            f"--env {name} {BACKEND_MODULES[top]}"
+        )
+    raise ValueError(
+        f"env: {module}:{name}: module {module!r} does not register {name!r}, so gymnasium's "
+        f"own {name} would run; give --env {name} for it, or the id {module!r} registers"
+    )
 
 
 def make(env_id: Any, **kwargs: Any) -> Any:

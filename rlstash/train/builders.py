@@ -64,6 +64,10 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
     given = dict(cfg.agent)
     cfg, agent_cfg = algos.resolve(cfg, info.act_space)
     cfg, agent_cfg = learning.resolve(cfg, agent_cfg, given)
+    backend, why = envs_make.resolve_backend(
+        cfg.env_backend, cfg.env, cfg.history, learning.name == "rollout", bool(cfg.ray)
+    )
+    cfg = dataclasses.replace(cfg, env_backend=backend)  # the resolved config records it
     device = resolve_device(cfg.device, "device")
     cfg = learning.place(cfg, device)
     if cfg.video:
@@ -97,6 +101,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
         run = Run(cfg, run_dir, threshold, device, env, store, agent, collector, eval_collector,
                   learning, limiter, recorder=recorder, publish=publish)  # fmt: skip
         run.settings = checkpoint.settings(cfg, info)
+        run.env_note = envs_make.describe_env(cfg.env, backend, why, env)
         if state is not None:
             with checkpoint.reading(run_dir / checkpoint.NAME / checkpoint.STATE):
                 agent.load_state_dict(state["agent"])
@@ -138,7 +143,9 @@ class ReplayLearning(Learning):
     def make_env(
         self, cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, device: torch.device
     ) -> Any:
-        return make_vec_env(cfg.env, cfg.envs, cfg.workers, None, cfg.history, device)
+        return make_vec_env(
+            cfg.env, cfg.envs, cfg.workers, None, cfg.history, device, backend=cfg.env_backend
+        )
 
     def make_store(
         self, cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, run_dir: Path,

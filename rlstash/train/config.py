@@ -121,6 +121,13 @@ class TrainConfig:
     workers: int | str = s(
         0, "Env worker processes: 0 (in-process), N, or 'auto' (timed choice).", group="collection"
     )
+    env_backend: str = s(
+        "gymnasium",
+        "Env source: gymnasium (rlstash's process pool), envpool (EnvPool's C++ envs, pip "
+        "install 'rlstash[envpool]') or auto (EnvPool where installed and it has --env, else "
+        "gymnasium); the resolved config records which ran.",
+        group="collection",
+    )
     history: int = s(
         0,
         "K > 0: the agent sees windows of the last K observations through an LSTM (0 = off).",
@@ -224,6 +231,7 @@ class TrainConfig:
             )
         if isinstance(self.workers, int):
             _at_least(self, "workers", 0)
+        _one_of(self, "env_backend", ("auto", "gymnasium", "envpool"))
         if self.threshold is not None and not math.isfinite(self.threshold):
             raise SettingError(
                 "threshold", "a finite return", self.threshold, "give a number, or leave it unset"

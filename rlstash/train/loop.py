@@ -98,6 +98,8 @@ def run_loop(run: Run, log: RunLog) -> TrainResult:
     """The run's loop: :func:`~rlstash.train.drive.drive` around its learning's step."""
     log.info(f"run directory: {run.run_dir}")
     log.info(run.describe())
+    if run.env_note:
+        log.info(run.env_note)
     if run.step:
         log.info(run.learning.resumed(run))
     return drive(run, log, run.learning.iterate(run), lambda: run.learning.save(run))

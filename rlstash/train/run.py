@@ -105,6 +105,7 @@ class Run:
     recorder: Any = None  # --video: a rlstash.train.video.Recorder, an episode per evaluation
     settings: dict[str, Any] = field(default_factory=dict)  # checked when a checkpoint loads
     publish: Callable[[Run], None] | None = None  # --ray: the learner's policy to the actors
+    env_note: str = ""  # the start-up line naming the env backend that runs and why
 
     @property
     def rb(self) -> Any:

@@ -42,9 +42,11 @@ def test_bad_arguments_raise_before_any_process(kwargs, error, match):
 
 
 def test_default_workers_is_usable_cores_capped_by_envs():
+    """Every env in a worker (caller_envs=0): the usable cores, at most one per env; the
+    default layout (no layout argument) is tests/envs/test_layout_default.py's."""
     with ProcessPoolVectorEnv(CountEnv, num_envs=1) as pool:
         assert pool.num_workers == 1
-    with ProcessPoolVectorEnv(CountEnv, num_envs=8) as pool:
+    with ProcessPoolVectorEnv(CountEnv, num_envs=8, caller_envs=0) as pool:
         assert pool.num_workers == min(usable_cpus(), 8)
         assert pool.start_method == "forkserver"
 
