@@ -98,7 +98,7 @@ def _progress_row(run: Any, metrics: dict[str, Any]) -> dict[str, Any]:
         "train_seconds": run.train_seconds,
         "return_recent": run.collector.stats.mean_return(),
         "episodes": run.collector.stats.count,
-        "updates": getattr(run.agent, "updates", 0),
+        "updates": run.agent.updates,
     }
     row.update(read_metrics(metrics))  # the update's device scalars: read only when logging
     return row
