@@ -68,6 +68,7 @@ from rlstash.agents import compiled, planning
 from rlstash.agents.actions import ActionMask
 from rlstash.agents.compiled import FlatAdam, Functional, lerp_, polyak_pairs
 from rlstash.agents.loss_watch import LossWatch
+from rlstash.core import Agent  # noqa: F401 (the protocol, re-exported: rlstash.agents.Agent)
 from rlstash.device import resolve_device
 from rlstash.settings import SettingError, check_types, setting
 
