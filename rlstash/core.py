@@ -423,3 +423,23 @@ class Collector(Protocol):
     def collect(self) -> Any: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Acts(Protocol):
+    """A policy object with ``act(obs, deterministic=False)``: an :class:`Agent`, or a user's.
+    Collectors call ``act``; a policy without it is called itself (an ``nn.Module``, a
+    function)."""
+
+    def act(self, obs: Any, deterministic: bool = False) -> Any: ...
+
+
+@runtime_checkable
+class PolicyWeights(Protocol):
+    """A policy whose acting weights travel apart from its learner's (an :class:`Agent`):
+    collectors with policy copies send ``policy_state_dict()`` and load it with
+    ``load_policy_state_dict``; any other policy travels as its ``state_dict()``."""
+
+    def policy_state_dict(self) -> dict[str, Any]: ...
+
+    def load_policy_state_dict(self, state: dict[str, Any]) -> None: ...
