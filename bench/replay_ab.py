@@ -19,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -76,8 +77,13 @@ print(json.dumps(res))
 def run(tree: str, reps: int) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve()), "OMP_NUM_THREADS": "1"}
     code = CHILD.replace("REPS_", str(reps))
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    out = subprocess.run(  # cwd: not a checkout (``-c`` puts the cwd first on sys.path)
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tempfile.gettempdir(),
     )
     res = json.loads(out.stdout.strip().splitlines()[-1])
     where = res.pop("_file")
