@@ -187,7 +187,7 @@ class PlacedStorage(Protocol):
 
 
 @runtime_checkable
-class StepSlots(Protocol):
+class DirectSlots(Protocol):
     """The slots of ``T`` steps that :meth:`DirectSteps.open_steps` hands a collector.
 
     ``step(t)``/``step_arrays(t)`` are step ``t``'s rows of every env (tensors / numpy views,
@@ -207,10 +207,10 @@ class StepSlots(Protocol):
 @runtime_checkable
 class DirectSteps(Protocol):
     """A target a collector may write steps into in place (the stream storage; a replay buffer
-    over one): ``open_steps(T)`` gives :class:`StepSlots`, or None where it cannot take the
+    over one): ``open_steps(T)`` gives :class:`DirectSlots`, or None where it cannot take the
     steps so (then the collector extends a batch)."""
 
-    def open_steps(self, T: int) -> StepSlots | None: ...
+    def open_steps(self, T: int) -> DirectSlots | None: ...
 
 
 @runtime_checkable

@@ -38,6 +38,7 @@ import torch
 
 from rlstash import manifest
 from rlstash.core import (
+    DirectSlots,
     DirectSteps,
     PlacedStorage,
     Placement,
@@ -45,7 +46,6 @@ from rlstash.core import (
     SampleContext,
     Sampler,
     SpecChecker,
-    StepSlots,
     Storage,
     Writer,
     missing_members,
@@ -182,7 +182,7 @@ class ReplayBuffer:
             return np.arange(index.start, index.stop, dtype=np.int64)
         return index
 
-    def open_steps(self, T: int) -> StepSlots | None:
+    def open_steps(self, T: int) -> DirectSlots | None:
         """Slots for ``T`` steps that a collector fills in place
         (:meth:`StreamStorage.open_steps <rlstash.storage.stream.StreamStorage.open_steps>`),
         committed under this buffer's lock with the sampler told, as :meth:`extend` does; None
