@@ -17,11 +17,17 @@ itself where rows go and which rows are valid sample starts; there is no writer:
     index = storage.extend(batch)                     # validated first; returns the rows written
     sampler.on_write(index, storage.step_flags(index))
 
-Sampling is the same for both::
+The buffer sees one :class:`Placement` either way (:mod:`rlstash.storage.ring` for an indexed
+storage, :mod:`rlstash.storage.placement` for a placed one), so its paths have no branches::
 
+    rows = placement.prepare(batch)                # validated, outside the buffer's lock
+    index, seen = placement.place(rows)            # the writer places, the storage writes
+    sampler.on_write(index, seen)
+
+    ctx = placement.context(ctx)                   # what the sampler may pick from
     idx, extra = sampler.sample(batch_size, ctx)   # indices only (host numpy int64)
-    batch = storage.read(idx)                      # gather rows (``gather`` when the sampler
-                                                   # declares its indices valid)
+    batch = placement.take(idx)                    # the storage gathers (``gather`` when the
+                                                   # sampler declares its indices valid)
     for t in transforms: batch = t(batch)          # plain dict -> dict callables
     batch = deliver(batch, device, pin_memory)     # rlstash.device: last, after transforms
 
@@ -44,7 +50,7 @@ objects).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, runtime_checkable
 
@@ -95,7 +101,7 @@ class Storage(Protocol):
 
 @runtime_checkable
 class FastRows(Protocol):
-    """The hot paths an indexed storage may offer (:class:`~rlstash.storage.ram.ArrayStorage`).
+    """The hot paths an indexed storage may offer (:class:`~rlstash.storage.arrays.ArrayStorage`).
 
     ``gather(index)`` reads a 1-D int64 array the caller guarantees in range (no bounds
     check; memory stays safe regardless). ``exact_sources(batch)`` returns the batch's
@@ -178,6 +184,79 @@ class PlacedStorage(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class DirectSlots(Protocol):
+    """The slots of ``T`` steps that :meth:`DirectSteps.open_steps` hands a collector.
+
+    ``step(t)``/``step_arrays(t)`` are step ``t``'s rows of every env (tensors / numpy views,
+    ``{"obs": [N, ...], "action": [N, ...], "reward": [N]}``) to fill in place;
+    ``commit(terminated, truncated)`` (bool ``[T, N]``) records the steps as ``extend`` would
+    and returns the rows written."""
+
+    T: int
+
+    def step(self, t: int) -> dict[str, torch.Tensor]: ...
+
+    def step_arrays(self, t: int) -> dict[str, np.ndarray]: ...
+
+    def commit(self, terminated: torch.Tensor, truncated: torch.Tensor) -> np.ndarray: ...
+
+
+@runtime_checkable
+class DirectSteps(Protocol):
+    """A target a collector may write steps into in place (the stream storage; a replay buffer
+    over one): ``open_steps(T)`` gives :class:`DirectSlots`, or None where it cannot take the
+    steps so (then the collector extends a batch)."""
+
+    def open_steps(self, T: int) -> DirectSlots | None: ...
+
+
+@runtime_checkable
+class Placement(Protocol):
+    """Where a replay buffer's rows go and which of them may be sampled: the one path of
+    :class:`~rlstash.replay.ReplayBuffer` for both kinds of storage.
+
+    :class:`~rlstash.storage.ring.RingPlacement` is an indexed storage and a ring writer;
+    :class:`~rlstash.storage.placement.SelfPlacement` a storage that places rows itself.
+    ``prepare`` runs outside the buffer's lock (validation: a bad batch writes nothing);
+    ``place``, ``context`` and ``take`` run under it.
+    """
+
+    storage: Any  # the Storage or PlacedStorage the rows live in
+    writer: Writer | None  # the ring writer (None: the storage places rows itself)
+
+    @property
+    def size(self) -> int:
+        """Rows stored."""
+        ...
+
+    def prepare(self, batch: Any) -> Any:
+        """``batch`` checked and ready to :meth:`place` (raises on bad input)."""
+        ...
+
+    def place(self, prepared: Any) -> tuple[Index, Any]:
+        """Write a prepared batch; returns the rows written and what ``sampler.on_write`` gets."""
+        ...
+
+    def context(self, ctx: SampleContext) -> SampleContext:
+        """``ctx`` updated to what may be sampled now; ValueError when nothing is stored."""
+        ...
+
+    def take(self, index: np.ndarray) -> Batch:
+        """The rows at ``index`` ([B], or windows [B, L] gathered as [B, L, ...])."""
+        ...
+
+    def resume(self) -> Iterator[tuple[np.ndarray, Any]]:
+        """The rows a reopened storage holds, as (index, what ``on_write`` gets) chunks."""
+        ...
+
+    def flush(self) -> None: ...
+
+    def state_dict(self) -> dict[str, Any] | None: ...
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None: ...
 
 
 def missing_members(obj: object, protocol: type) -> list[str]:
@@ -290,3 +369,77 @@ class Writer(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class Agent(Protocol):
+    """What the training loop and the collectors rely on (DQN, SAC, TD3, discrete SAC, PPO:
+    :class:`~rlstash.agents.base.AgentBase`)."""
+
+    device: torch.device  # the learner's device
+    act_device: torch.device  # where ``act`` runs (a copy of the policy when != device)
+    updates: int  # gradient steps taken
+    env_steps: int  # env steps acted (non-deterministic ``act`` calls): drives schedules
+    nets: Mapping[str, torch.nn.Module]  # every network by name (learner, targets, policy)
+
+    def act(
+        self, obs: torch.Tensor, deterministic: bool = False, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Actions for a batch of observations [N, *obs_shape], on ``act_device``, no grad."""
+        ...
+
+    def update(self, batch: Batch) -> dict[str, Any]:
+        """One gradient step; scalar metrics (0-dim tensors on ``device`` or host floats; read
+        them with :func:`~rlstash.agents.base.read_metrics`) plus ``"td_error"`` [B]
+        (detached, >= 0)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def policy_state_dict(self) -> dict[str, Any]:
+        """The weights needed to act (shares storage with the learner: copy before mutating)."""
+        ...
+
+    def load_policy_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def to(
+        self, device: torch.device | str, act_device: torch.device | str | None = None
+    ) -> Any: ...
+
+
+@runtime_checkable
+class Collector(Protocol):
+    """Where experience comes from: ``collect()`` steps ``num_envs`` environments with the
+    current policy and returns a batch of steps (leading dimensions ``[T, N]``) for a buffer's
+    ``extend``; ``close()`` releases the processes and memory behind it (invariant I6).
+    :class:`~rlstash.collect.sync.Collector` (in-process or a process pool),
+    :class:`~rlstash.collect.async_.AsyncCollector` (policy copies in the workers) and
+    :class:`~rlstash.collect.ray.RayCollector` (Ray actors) follow it."""
+
+    num_envs: int
+
+    def collect(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Acts(Protocol):
+    """A policy object with ``act(obs, deterministic=False)``: an :class:`Agent`, or a user's.
+    Collectors call ``act``; a policy without it is called itself (an ``nn.Module``, a
+    function)."""
+
+    def act(self, obs: Any, deterministic: bool = False) -> Any: ...
+
+
+@runtime_checkable
+class PolicyWeights(Protocol):
+    """A policy whose acting weights travel apart from its learner's (an :class:`Agent`):
+    collectors with policy copies send ``policy_state_dict()`` and load it with
+    ``load_policy_state_dict``; any other policy travels as its ``state_dict()``."""
+
+    def policy_state_dict(self) -> dict[str, Any]: ...
+
+    def load_policy_state_dict(self, state: dict[str, Any]) -> None: ...

@@ -38,41 +38,44 @@ import torch
 
 from rlstash import manifest
 from rlstash.core import (
-    FastRows,
-    Index,
-    PersistentStorage,
+    DirectSlots,
+    DirectSteps,
     PlacedStorage,
+    Placement,
     PrioritySampler,
     SampleContext,
     Sampler,
     SpecChecker,
     Storage,
-    declares,
+    Writer,
     missing_members,
 )
 from rlstash.device import Delivery
-from rlstash.finite import check_finite
 from rlstash.indices import as_rows
 from rlstash.prefetch import Prefetcher, Stopped
-from rlstash.sampler import PrioritizedSampler, SequenceSampler, UniformSampler
+from rlstash.sampler import UniformSampler
+from rlstash.sampler.kinds import sampler_from_state
 from rlstash.spec import Batch
+from rlstash.storage.placement import check_storage, placement_for
 from rlstash.storage.state_paths import relative, resolve
 from rlstash.storage.stream_direct import LockedSteps
-from rlstash.writer import RingWriter
 
 Transform = Callable[[Batch], Batch]
 _FORMAT = 3  # 1: the sampler was pickled; 2: its state_dict; 3: relative paths, a manifest
-_RESUME_CHUNK = 1 << 16  # rows per read when a reopened storage replays its rows to a sampler
 
 
 class ReplayBuffer:
     """A FIFO replay buffer over any :class:`~rlstash.core.Storage` or
     :class:`~rlstash.core.PlacedStorage`.
 
-    The paths are picked once from the contracts the parts declare (:mod:`rlstash.core`): a
-    storage's :class:`~rlstash.core.FastRows` and :class:`~rlstash.core.PersistentStorage`,
-    a sampler's ``returns_valid_indices`` and ``accepts_arrays``. A part that declares
-    nothing gets the checked paths, never a silently different one.
+    One path for every storage: its :class:`~rlstash.core.Placement` (``placement``) says
+    where rows go and which may be sampled -- a ring writer over an indexed storage
+    (:class:`~rlstash.storage.ring.RingPlacement`) or the storage itself when it places rows
+    (:class:`~rlstash.storage.placement.SelfPlacement`). The placement picks the fast or the
+    checked path from the contracts the parts declare (:mod:`rlstash.core`): a storage's
+    :class:`~rlstash.core.FastRows` and :class:`~rlstash.core.PersistentStorage`, a sampler's
+    ``returns_valid_indices`` and ``accepts_arrays``. A part that declares nothing gets the
+    checked paths, never a silently different one.
 
     Args:
         storage: where rows live (``TensorStorage`` on any device, ``MemmapStorage`` on disk,
@@ -91,7 +94,7 @@ class ReplayBuffer:
 
     def __init__(
         self,
-        storage: Storage,
+        storage: Storage | PlacedStorage,
         sampler: Sampler | None = None,
         transforms: Iterable[Transform] = (),
         device: str | torch.device | None = None,
@@ -100,13 +103,7 @@ class ReplayBuffer:
         seed: int | None = None,
         check_finite: bool = True,
     ) -> None:
-        placed = isinstance(storage, PlacedStorage)
-        if not placed and not isinstance(storage, Storage):
-            raise TypeError(
-                f"storage: expected a Storage (TensorStorage, MemmapStorage, TieredStorage) or a "
-                f"PlacedStorage (StreamStorage), got {type(storage).__name__}, which lacks "
-                f"{missing_members(storage, Storage)} (see rlstash.core)"
-            )
+        check_storage(storage)
         if not isinstance(prefetch, int) or isinstance(prefetch, bool):
             raise TypeError(
                 f"prefetch: expected an int count of batches kept ready (0: none), got "
@@ -129,48 +126,27 @@ class ReplayBuffer:
             )
         self.storage = storage
         self.sampler = sampler
-        # A storage that places rows itself (the stream storage's per-env lanes) has no ring
-        # writer: it says where rows went, which starts are valid, and how windows run.
-        self._placed = placed
-        self.writer: RingWriter | None = None if placed else RingWriter(storage.capacity)
+        # where rows go and which may be sampled: a ring writer over an indexed storage, or
+        # the storage itself (the stream's per-env lanes); the paths below are the same
+        self.placement: Placement = placement_for(storage, sampler, check_finite)
+        self.writer: Writer | None = self.placement.writer
         self.transforms = transforms
         self.delivery = Delivery(device, pin_memory)
         self.prefetch = prefetch
         self.rng = np.random.default_rng(seed)
         self.check_finite = bool(check_finite)
-        if placed and not check_finite and hasattr(storage, "check_finite"):
-            storage.check_finite = False  # the stream validates its own batches
-        # float fields, checked on the fast path (the checked path checks in spec.validate)
-        self._floats = [k for k, f in storage.spec.items() if f.dtype.is_floating_point]
         self.sampler.reset(storage.capacity)
         if isinstance(sampler, SpecChecker):  # e.g. SequenceSampler needs episode flags
             sampler.check_spec(storage.spec)
         self._lock = threading.RLock()  # extend, and the index pick + gather of sample
         self._prefetch_lock = threading.Lock()  # starting/stopping the prefetcher, close
         self._ctx = SampleContext(0, 0, storage.capacity, self.rng)
-        self._bind_paths()
+        self._host = storage.device.type == "cpu"
+        self._prioritized = isinstance(sampler, PrioritySampler)
         self._prefetcher: Prefetcher | None = None
         self._closed = False
-        self._resume_from_storage()
-
-    def _bind_paths(self) -> None:
-        """Pick the hot paths, once, from what the storage and the sampler declare."""
-        storage, sampler, placed = self.storage, self.sampler, self._placed
-        fast = not placed and isinstance(storage, FastRows)  # TensorStorage, MemmapStorage
-        # indices a sampler vouches for are gathered unchecked (ArrayStorage: no bounds
-        # check; StreamStorage: no validity re-check); any other sampler's are checked
-        trusted = declares(sampler, "returns_valid_indices") and (fast or placed)
-        self._read = storage.gather if trusted else storage.read
-        self._exact = storage.exact_sources if fast else None  # extend without casts
-        self._put = storage.put if fast else None
-        keeps_cursor = not placed and isinstance(storage, PersistentStorage)
-        self._set_cursor = storage.set_cursor if keeps_cursor else None
-        self._flush = storage.flush if placed or keeps_cursor else None
-        self._as_tensors = not declares(sampler, "accepts_arrays")
-        self._priorities = (
-            sampler.update_priorities if isinstance(sampler, PrioritySampler) else None
-        )
-        self._host = storage.device.type == "cpu"
+        for index, rows in self.placement.resume():  # a reopened storage's rows (disk)
+            self.sampler.on_write(index, rows)
 
     # sizes
     @property
@@ -178,8 +154,7 @@ class ReplayBuffer:
         return self.storage.capacity
 
     def __len__(self) -> int:
-        writer = self.writer
-        return int(self.storage.size) if writer is None else writer.size
+        return self.placement.size
 
     def __repr__(self) -> str:
         return (
@@ -196,75 +171,34 @@ class ReplayBuffer:
         """
         if self._closed:
             self._check_open()
-        if self._placed:
-            with self._lock:
-                self._check_open()
-                index = self.storage.extend(batch)  # validated there: a bad batch writes nothing
-                self.sampler.on_write(index, self.storage.step_flags(index))
-            return index
-        exact = self._exact(batch) if self._exact is not None else None
-        if exact is not None:
-            srcs, n = exact
-            if self.check_finite and self._floats:  # I10: the same objects as ``srcs``
-                check_finite({k: batch[k] for k in self._floats})
-            writer = self.writer
-            if n <= writer.capacity:
-                with self._lock:
-                    if self._closed:
-                        self._check_open()
-                    index = writer.reserve(n)
-                    self._put(index, srcs)
-                    writer.commit(n)
-                    self._after_write(index, batch, srcs)
-                if type(index) is slice:
-                    return np.arange(index.start, index.stop, dtype=np.int64)
-                return index
-        data = self.storage.spec.validate(batch, finite=self.check_finite)
-        n = next(iter(data.values())).shape[0]
-        cap = self.capacity
+        placement = self.placement
+        prepared = placement.prepare(batch)  # validated first: a bad batch writes nothing
         with self._lock:
-            self._check_open()
-            if n > cap:
-                data = {k: v[n - cap :] for k, v in data.items()}
-                start = (self.writer.cursor + n - cap) % cap
-                index: Index = (start + np.arange(cap, dtype=np.int64)) % cap
-            else:
-                index = self.writer.reserve(n)
-            self.storage.write(index, data, validate=False)
-            self.writer.commit(n)
-            self._sync_storage_cursor()
-            self.sampler.on_write(index, data)
-        if isinstance(index, slice):
+            if self._closed:
+                self._check_open()
+            index, rows = placement.place(prepared)  # the writer places, the storage writes
+            self.sampler.on_write(index, rows)
+        if type(index) is slice:
             return np.arange(index.start, index.stop, dtype=np.int64)
         return index
 
-    def open_steps(self, T: int) -> Any:
+    def open_steps(self, T: int) -> DirectSlots | None:
         """Slots for ``T`` steps that a collector fills in place
         (:meth:`StreamStorage.open_steps <rlstash.storage.stream.StreamStorage.open_steps>`),
         committed under this buffer's lock with the sampler told, as :meth:`extend` does; None
         where the storage cannot take them so (then ``extend`` a batch)."""
-        opener = getattr(self.storage, "open_steps", None) if self._placed else None
-        if opener is None:
+        storage = self.storage
+        if not isinstance(storage, DirectSteps):
             return None
         with self._lock:
             self._check_open()
-            slots = opener(T)
+            slots = storage.open_steps(T)
         return None if slots is None else LockedSteps(slots, self._lock, self._steps_written)
 
     def _steps_written(self, index: np.ndarray) -> None:
         """After a commit of :meth:`open_steps`' slots, under the lock: tell the sampler."""
         self._check_open()
         self.sampler.on_write(index, self.storage.step_flags(index))
-
-    def _after_write(self, index: Index, batch: dict[str, Any], srcs: list[Any]) -> None:
-        """After a fast-path write (``storage.exact_sources`` + ``put``, under the lock): the
-        disk cursor, then the sampler (given tensors unless it accepts numpy arrays)."""
-        if self._set_cursor is not None:
-            w = self.writer
-            self._set_cursor(w.cursor, w.size, {"total": w.total})
-        if self._as_tensors and any(type(v) is not torch.Tensor for v in srcs):
-            batch = self.storage.spec.validate(batch)  # tensors for a sampler that needs them
-        self.sampler.on_write(index, batch)
 
     def add(self, row: Mapping[str, Any]) -> int:
         """Append one row given without the leading dimension."""
@@ -310,27 +244,9 @@ class ReplayBuffer:
         with self._lock:
             if self._closed:
                 self._check_open()
-            ctx = self._ctx
-            if self._placed:  # candidates anywhere; ``valid`` says which rows are starts
-                storage = self.storage
-                if not storage.size:
-                    raise ValueError("sample: the buffer is empty; extend it before sampling")
-                ctx.size, ctx.cursor = self.capacity, 0
-                ctx.valid, ctx.window = storage.valid, storage.window
-            else:
-                writer = self.writer
-                if not writer.size:
-                    raise ValueError("sample: the buffer is empty; extend it before sampling")
-                ctx.size, ctx.cursor = writer.size, writer.cursor
-                if self._set_cursor is not None:  # rows a crash may have torn: never sampled
-                    ctx.valid = self.storage.valid
-            index, extra = self.sampler.sample(batch_size, ctx)
-            read = self._read
-            if index.ndim == 1:
-                batch = read(index)
-            else:  # windows [B, L] (sequence sampler): gather flat, then [B, L, ...]
-                flat = read(index.reshape(-1))
-                batch = {k: v.reshape(*index.shape, *v.shape[1:]) for k, v in flat.items()}
+            ctx = self.placement.context(self._ctx)  # what may be sampled now
+            index, extra = self.sampler.sample(batch_size, ctx)  # the sampler picks
+            batch = self.placement.take(index)  # the storage gathers
         from_numpy = torch.from_numpy
         batch["index"] = from_numpy(index)
         for key, value in extra.items():
@@ -345,15 +261,15 @@ class ReplayBuffer:
 
     def update_priorities(self, index: Any, priority: Any) -> None:
         """Forward new priorities to the sampler (prioritized sampling only)."""
-        update = self._priorities
-        if update is None:
+        sampler = self.sampler
+        if not self._prioritized:
             raise TypeError(
-                f"update_priorities: {type(self.sampler).__name__} has no priorities; use PrioritizedSampler"
+                f"update_priorities: {type(sampler).__name__} has no priorities; use PrioritizedSampler"
             )
         index = as_rows(index, self.capacity, "index", lazy=True)  # the sampler checks the range
         priority = _host_numpy(priority, "priority")
         with self._lock:
-            update(index, priority)
+            sampler.update_priorities(index, priority)
 
     # lifecycle
     def close(self) -> None:
@@ -385,40 +301,13 @@ class ReplayBuffer:
             self._prefetcher = None
 
     # state
-    def _sync_storage_cursor(self) -> None:
-        """A disk storage persists the writer position with its metadata (resume after a crash)."""
-        if self._set_cursor is not None:
-            self._set_cursor(self.writer.cursor, self.writer.size, {"total": self.writer.total})
-
-    def _resume_from_storage(self) -> None:
-        """A reopened storage (disk) holds rows: pick up its writer position and tell the
-        sampler about its rows (resume after a crash)."""
-        storage = self.storage
-        if self._placed:
-            written = np.flatnonzero(storage.written)
-            if written.size:
-                self.sampler.on_write(written, storage.step_flags(written))
-            return
-        if self._set_cursor is None or not storage.size:
-            return
-        writer, size = self.writer, int(storage.size)
-        writer.cursor, writer.size = int(storage.cursor), size
-        writer.total = int((storage.extra or {}).get("total", size))
-        if isinstance(storage, FastRows):  # views of the stored rows, no copy
-            rows = {k: t[:size] for k, t in storage.tensors.items()}
-            self.sampler.on_write(np.arange(size, dtype=np.int64), rows)
-            return
-        for start in range(0, size, _RESUME_CHUNK):  # any other storage: read in chunks
-            index = np.arange(start, min(size, start + _RESUME_CHUNK), dtype=np.int64)
-            self.sampler.on_write(index, storage.read(index))
-
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: storage, writer cursor, sampler state and RNG."""
         with self._lock:
             return {
                 "format": _FORMAT,
                 "storage": self.storage.state_dict(),
-                "writer": None if self.writer is None else self.writer.state_dict(),
+                "writer": self.placement.state_dict(),
                 "sampler": self.sampler.state_dict(),
                 "rng": self.rng.bit_generator.state,
             }
@@ -431,8 +320,7 @@ class ReplayBuffer:
         together (a run directory with its checkpoint and buffer)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        if self._flush is not None:
-            self._flush()
+        self.placement.flush()
         state = self.state_dict()
         state["storage"] = relative(state["storage"], path.parent)
         entry = manifest.write_hashed(path, lambda f: torch.save(state, f))
@@ -501,8 +389,7 @@ class ReplayBuffer:
             prefetch=prefetch,
         )
         try:
-            if rb.writer is not None:
-                rb.writer.load_state_dict(writer)
+            rb.placement.load_state_dict(writer)
             rb.sampler.load_state_dict(saved)
             rb.rng.bit_generator.state = rng
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
@@ -510,7 +397,6 @@ class ReplayBuffer:
             raise manifest.DamagedFile(
                 path, f"its state does not load ({manifest.one_line(exc)})"
             ) from None
-        rb._sync_storage_cursor()
         return rb
 
 
@@ -532,27 +418,6 @@ def _load_file(path: Path) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise manifest.DamagedFile(path, f"it holds a {type(state).__name__}, not a saved buffer")
     return state
-
-
-def sampler_from_state(state: dict[str, Any], path: Any = "state") -> Sampler:
-    """A new built-in sampler with the settings of a saved ``state_dict`` (not yet loaded)."""
-    kind = state.get("kind") if isinstance(state, dict) else None
-    if kind == "uniform":
-        return UniformSampler(replacement=bool(state["replacement"]))
-    if kind == "prioritized":
-        return PrioritizedSampler(
-            alpha=float(state["alpha"]),
-            beta=float(state["beta"]),
-            eps=float(state["eps"]),
-            max_priority=float(state["max_priority"]),
-            branching=int(state["tree"]["branching"]),
-        )
-    if kind == "sequence":
-        return SequenceSampler(int(state["length"]), tuple(state["end_keys"]))
-    raise ValueError(
-        f"{path}: the saved sampler is of kind {kind!r}, which rlstash cannot rebuild by itself; "
-        "fix: pass sampler=<a new sampler of that kind> to ReplayBuffer.load"
-    )
 
 
 _SCRATCH_BYTES = 64  # per sampled row beyond its fields: index, weight, sampler scratch

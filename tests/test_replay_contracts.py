@@ -235,3 +235,41 @@ def test_a_buffer_saved_by_format_1_still_loads(tmp_path):
     expected = rb.sample(4)
     loaded = ReplayBuffer.load(tmp_path / "old.pt")
     torch.testing.assert_close(loaded.sample(4)["index"], expected["index"])
+
+
+def test_a_registered_sampler_kind_is_rebuilt_by_load(tmp_path):
+    """Sampler kinds register as storage kinds do (rlstash.sampler.kinds): once ``mine`` is
+    registered, load rebuilds it by itself."""
+    from rlstash.sampler import kinds
+
+    rb = make(capacity=16, sampler=MySampler())
+    rb.extend(rows(0, 10))
+    rb.save(tmp_path / "rb.pt")
+    kinds.register_kind("mine", lambda state: MySampler(bool(state["replacement"])))
+    try:
+        loaded = ReplayBuffer.load(tmp_path / "rb.pt")
+    finally:
+        del kinds._KINDS["mine"]
+    assert type(loaded.sampler) is MySampler
+    torch.testing.assert_close(loaded.sample(4)["index"], rb.sample(4)["index"])
+
+
+def test_both_placements_follow_the_placement_contract(tmp_path):
+    """One buffer path: an indexed storage's ring and a stream's own placement are both a
+    core.Placement; the writer is the ring's, None for the stream; only a buffer over a
+    stream hands out direct slots (core.DirectSteps)."""
+    from rlstash.core import DirectSteps, Placement
+    from rlstash.storage.placement import SelfPlacement
+    from rlstash.storage.ring import RingPlacement
+
+    spec = {"obs": ((2,), torch.float32), "action": ((), torch.int64)}
+    ram = ReplayBuffer(TensorStorage(spec, 16), seed=0)
+    stream = ReplayBuffer(StreamStorage(spec, 2, 32), seed=0)
+    assert type(ram.placement) is RingPlacement and ram.writer is ram.placement.writer
+    assert type(stream.placement) is SelfPlacement and stream.writer is None
+    for rb in (ram, stream):
+        assert isinstance(rb.placement, Placement), missing_members(rb.placement, Placement)
+        assert isinstance(rb, DirectSteps)  # the buffer's open_steps: None where not possible
+    assert ram.open_steps(4) is None
+    assert isinstance(stream.storage, DirectSteps) and not isinstance(ram.storage, DirectSteps)
+    assert stream.open_steps(4) is not None

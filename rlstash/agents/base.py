@@ -58,7 +58,7 @@ import math
 import os
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 from torch import nn
@@ -68,44 +68,12 @@ from rlstash.agents import compiled, planning
 from rlstash.agents.actions import ActionMask
 from rlstash.agents.compiled import FlatAdam, Functional, lerp_, polyak_pairs
 from rlstash.agents.loss_watch import LossWatch
+from rlstash.core import Agent  # noqa: F401 (the protocol, re-exported: rlstash.agents.Agent)
 from rlstash.device import resolve_device
 from rlstash.settings import SettingError, check_types, setting
 
 Batch = dict[str, torch.Tensor]
 FINITE_OBS_DEVICES = ("cpu",)  # where ``act`` checks its observations: a host read is free there
-
-
-@runtime_checkable
-class Agent(Protocol):
-    """What the training loop and the collectors rely on."""
-
-    device: torch.device  # the learner's device
-    act_device: torch.device  # where ``act`` runs (a copy of the policy when != device)
-
-    def act(
-        self, obs: torch.Tensor, deterministic: bool = False, mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Actions for a batch of observations [N, *obs_shape], on ``act_device``, no grad."""
-        ...
-
-    def update(self, batch: Batch) -> dict[str, Any]:
-        """One gradient step; scalar metrics (0-dim tensors on ``device`` or host floats; read
-        them with :func:`read_metrics`) plus ``"td_error"`` [B] (detached, >= 0)."""
-        ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-    def policy_state_dict(self) -> dict[str, Any]:
-        """The weights needed to act (shares storage with the learner: copy before mutating)."""
-        ...
-
-    def load_policy_state_dict(self, state: dict[str, Any]) -> None: ...
-
-    def to(
-        self, device: torch.device | str, act_device: torch.device | str | None = None
-    ) -> Any: ...
 
 
 # --- configuration -------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from rlstash.collect.async_layout import EXTRAS_BYTES, HEADER_EXTRAS, HEADER_SEQ, HEADER_VERSION
+from rlstash.core import PolicyWeights
 from rlstash.envs.shm import SharedArrays
 
 Path = tuple[str, ...]
@@ -32,18 +33,16 @@ LOAD_TIMEOUT = 10.0  # seconds a reader retries while the writer keeps writing
 
 def policy_state(policy: Any) -> dict[str, Any] | None:
     """``policy.policy_state_dict()`` (agents), ``policy.state_dict()`` (modules) or None."""
-    for name in ("policy_state_dict", "state_dict"):
-        fn = getattr(policy, name, None)
-        if callable(fn):
-            return fn()
-    return None
+    if isinstance(policy, PolicyWeights):
+        return policy.policy_state_dict()
+    fn = getattr(policy, "state_dict", None)  # a module's, or a user object's
+    return fn() if callable(fn) else None
 
 
 def load_policy_state(policy: Any, state: dict[str, Any]) -> None:
     """The inverse of :func:`policy_state`."""
-    fn = getattr(policy, "load_policy_state_dict", None)
-    if callable(fn):
-        fn(state)
+    if isinstance(policy, PolicyWeights):
+        policy.load_policy_state_dict(state)
     else:
         policy.load_state_dict(state)
 

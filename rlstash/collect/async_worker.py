@@ -92,6 +92,7 @@ class ChunkWorker:
         import torch
 
         from rlstash.collect.async_weights import policy_state, weight_spec
+        from rlstash.core import Acts
 
         self.index, self.steps, self.mode = cfg["index"], cfg["steps"], cfg["mode"]
         self.start = cfg["start"]
@@ -108,7 +109,7 @@ class ChunkWorker:
             L.flat_leaf(space, what)
         torch.manual_seed(cfg["torch_seed"])
         self.policy = pickle.loads(cfg["policy_factory"])()
-        act = getattr(self.policy, "act", None)
+        act = self.policy.act if isinstance(self.policy, Acts) else None
         if not callable(act) and not callable(self.policy):
             raise TypeError(
                 "policy_factory: expected it to return an nn.Module or an object with "

@@ -42,6 +42,7 @@ from rlstash.collect.env_contract import (
     check_step,
     same_device,
 )
+from rlstash.core import DirectSteps
 from rlstash.device import CudaOps
 from rlstash.spec import Batch, flat_obs
 from rlstash.storage.ram import numpy_view
@@ -397,8 +398,8 @@ class BatchedPath:
             raise RuntimeError("collect: reset() first")
         obs, fields = self.obs, self.fields
         actions = self._act(policy, obs)
-        opener = None if self.same_step else getattr(target, "open_steps", None)
-        slots = None if opener is None else opener(steps)
+        direct = not self.same_step and isinstance(target, DirectSteps)
+        slots = target.open_steps(steps) if direct else None
         if slots is None or check_step_fields(slots.step(0), fields, actions) is not None:
             return target.extend(self.collect(policy, steps, actions))
         flags = np.empty((2, steps, self.num_envs), bool)  # the direct path is on the CPU

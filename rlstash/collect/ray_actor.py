@@ -86,6 +86,7 @@ class ChunkActor:
         import torch
 
         from rlstash.collect.sync import Collector
+        from rlstash.core import Acts
         from rlstash.envs import ProcessPoolVectorEnv
 
         if self.pool is not None:
@@ -96,7 +97,7 @@ class ChunkActor:
             torch.manual_seed(seed)  # a factory may read torch.initial_seed() for its own seed
             self.policy = self.policy_factory()
             self.version = -1
-        act = getattr(self.policy, "act", None)
+        act = self.policy.act if isinstance(self.policy, Acts) else None
         policy = act if callable(act) else self.policy
         self.pool = ProcessPoolVectorEnv(
             self.env_source, num_envs=self.num_envs, num_workers=self.workers

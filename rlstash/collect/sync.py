@@ -50,6 +50,7 @@ from rlstash.collect.env_contract import (
     looks_like_rsl_rl,
     rsl_rl_refusal,
 )
+from rlstash.core import Acts
 from rlstash.device import Delivery, is_cuda, resolve_device
 from rlstash.spec import Batch
 
@@ -290,8 +291,8 @@ class Collector:
 
 
 def _as_policy(policy: Any, deterministic: bool) -> Policy:
-    act = getattr(policy, "act", None)
-    if act is not None:
+    if isinstance(policy, Acts):
+        act = policy.act
         return lambda obs: act(obs, deterministic=deterministic)
     return policy
 

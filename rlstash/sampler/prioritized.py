@@ -19,6 +19,7 @@ from rlstash.sampler.checks import (
     check_float,
     check_state,
 )
+from rlstash.sampler.kinds import register_kind
 from rlstash.sampler.sumtree import SumMinTree, last_write_wins
 from rlstash.spec import Batch, Spec
 
@@ -307,3 +308,15 @@ def _max_nonnegative(pri: np.ndarray) -> float:
         f"priorities: expected finite values >= 0, got {int(bad.sum())} bad of {pri.size} "
         f"(first: {float(pri[np.flatnonzero(bad)[0]])!r}); nothing was updated"
     )
+
+
+register_kind(
+    "prioritized",
+    lambda state: PrioritizedSampler(
+        alpha=float(state["alpha"]),
+        beta=float(state["beta"]),
+        eps=float(state["eps"]),
+        max_priority=float(state["max_priority"]),
+        branching=int(state["tree"]["branching"]),
+    ),
+)

@@ -18,6 +18,7 @@ from rlstash.sampler.checks import (
     check_ctx,
     check_state,
 )
+from rlstash.sampler.kinds import register_kind
 from rlstash.spec import Batch, Spec
 
 
@@ -234,3 +235,8 @@ class SequenceSampler:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+register_kind(
+    "sequence", lambda state: SequenceSampler(int(state["length"]), tuple(state["end_keys"]))
+)

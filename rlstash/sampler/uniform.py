@@ -21,6 +21,7 @@ from rlstash.sampler.checks import (
     check_ctx,
     check_state,
 )
+from rlstash.sampler.kinds import register_kind
 from rlstash.spec import Batch, Spec
 
 __all__ = ["UniformSampler", "uniform_ints"]
@@ -200,3 +201,6 @@ def _new_epoch(batch_size: int, ctx: SampleContext, taken: np.ndarray) -> np.nda
         if dup.any():
             perm = np.concatenate([perm[~dup], perm[dup]])
     return perm
+
+
+register_kind("uniform", lambda state: UniformSampler(replacement=bool(state["replacement"])))

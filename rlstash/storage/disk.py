@@ -14,7 +14,7 @@ of the last :meth:`~MemmapStorage.flush` / :meth:`~MemmapStorage.close` is used 
 places that fsync). A directory is open in at most one storage at a time (an exclusive
 ``flock`` on it).
 
-Reads and writes are those of :class:`~rlstash.storage.ram.ArrayStorage` over numpy views of
+Reads and writes are those of :class:`~rlstash.storage.arrays.ArrayStorage` over numpy views of
 the memory maps (``np.take(out=)`` gathers); ``tensors`` holds ``torch.from_numpy`` views.
 """
 
@@ -38,6 +38,7 @@ from rlstash.atomic import TMP_MARK, write_atomic
 from rlstash.core import Index, check_capacity
 from rlstash.memory import InsufficientMemoryError, disk_free, exact_bytes, plan
 from rlstash.spec import Batch, Spec
+from rlstash.storage.arrays import ArrayStorage, as_spec, spec_mismatch
 from rlstash.storage.disk_layout import (
     COMMIT,
     COMMIT_BYTES,
@@ -54,7 +55,6 @@ from rlstash.storage.disk_layout import (
     ring_span,
     ring_union,
 )
-from rlstash.storage.ram import ArrayStorage, as_spec, spec_mismatch
 
 __all__ = ["MemmapStorage", "inspect"]
 

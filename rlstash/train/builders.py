@@ -308,7 +308,7 @@ def describe_memory(rb: ReplayBuffer, agent: Any) -> str:
     plan = getattr(getattr(rb.storage, "backing", None), "plan", None)
     if plan is not None:
         lines.append(plan.format_table())
-    nets = getattr(agent, "nets", {})
+    nets = agent.nets
     lines.append(
         f"networks: {human_bytes(param_bytes(*nets.values()))} of parameters on {agent.device} (x~4 with Adam state and gradients)"
     )

@@ -67,7 +67,7 @@ def drive(
                 last_log = time.monotonic()
                 log.log(run.step, _progress_row(run, metrics))
                 agent.check_finite(metrics)  # the loss flag: read once per progress row
-                log.note_compile(getattr(agent, "compile_seconds", 0.0))
+                log.note_compile(agent.compile_seconds)
             if run.step >= next_eval:
                 next_eval += cfg.eval_every * math.ceil((run.step - next_eval + 1) / cfg.eval_every)
                 _evaluate(run, log)
@@ -80,7 +80,7 @@ def drive(
         finite_save()
         raise
     ckpt = finite_save()
-    log.note_compile(getattr(agent, "compile_seconds", 0.0), final=True)
+    log.note_compile(agent.compile_seconds, final=True)
     plot = plot_learning_curve(run.run_dir, run.threshold)
     last = run.evals[-1]["return_mean"] if run.evals else float("nan")
     verdict = "solved" if solved else "stopped"
@@ -98,7 +98,7 @@ def _progress_row(run: Any, metrics: dict[str, Any]) -> dict[str, Any]:
         "train_seconds": run.train_seconds,
         "return_recent": run.collector.stats.mean_return(),
         "episodes": run.collector.stats.count,
-        "updates": getattr(run.agent, "updates", 0),
+        "updates": run.agent.updates,
     }
     row.update(read_metrics(metrics))  # the update's device scalars: read only when logging
     return row
