@@ -30,6 +30,22 @@ COMPUTE = ("cpu", "cuda")  # device types that run computations: agents and trai
 _META_NOTE = "'meta' holds shapes without data: dry runs of storages, never training"
 
 
+_DTYPES = {
+    str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a name (``"float32"`` -> ``torch.float32``, ``"bfloat16"``, ``"bool"``:
+    torch's names, which are numpy's where numpy has the type)."""
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(
+            f"dtype: expected a torch dtype name such as 'float32', got {name!r}"
+        ) from None
+
+
 def device_help(kinds: tuple[str, ...] = SUPPORTED) -> str:
     """The accepted spellings of a device of one of ``kinds``, for messages and ``--help``."""
     words = ["'cpu'"] if "cpu" in kinds else []

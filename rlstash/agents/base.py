@@ -313,6 +313,8 @@ class AgentBase(LossWatch):
     """
 
     algo = "agent"
+    config: Any  # the agent's settings dataclass
+    n_actions: int | None = None  # discrete actions (None: continuous)
     value_check_every = 100  # updates between value checks of the batch (they read it back)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from rlstash.memory import InsufficientMemoryError, check_needs, human_bytes, place_of
+from rlstash.settings import field_values
 
 _DRY_RUN = contextvars.ContextVar("rlstash_agent_dry_run", default=False)
 _CHECKED = contextvars.ContextVar("rlstash_agent_checked", default=False)
@@ -159,12 +160,8 @@ def _count(agent: Any, nets: dict[str, nn.Module], policy_names: tuple[str, ...]
         per_net[name] = total
     trained = sum(_tensor_bytes(t) for _, t in seen.values() if t.requires_grad)
     largest = sorted(seen.values(), key=lambda nt: -_tensor_bytes(nt[1]))[:2]
-    config = getattr(agent, "config", None)
-    settings = {
-        k: getattr(config, k)
-        for k in ("net_arch", "action_head", "action_embed_dim")
-        if hasattr(config, k)
-    }
+    given = field_values(agent.config)
+    settings = {k: given[k] for k in ("net_arch", "action_head", "action_embed_dim") if k in given}
     return AgentMemory(
         type(agent).__name__,
         agent.device,
@@ -174,7 +171,7 @@ def _count(agent: Any, nets: dict[str, nn.Module], policy_names: tuple[str, ...]
         sum(per_net[n] for n in policy_names),
         [(n, tuple(t.shape), _tensor_bytes(t)) for n, t in largest],
         settings,
-        getattr(agent, "n_actions", None),
+        agent.n_actions,
     )
 
 

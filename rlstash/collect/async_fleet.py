@@ -386,5 +386,4 @@ class Fleet(Backend):
         procs = [h.proc for h in self.handles if h.proc is not None]
         self.weights = None  # its views into the segment must be gone before the segment
         mem_fd, self.mem_fd = self.mem_fd, -1
-        shared = getattr(self, "shared", None)
-        release_workers(self.owner, procs, self.launcher, shared, mem_fd, self.timeouts.close)
+        release_workers(self.owner, procs, self.launcher, self.shared, mem_fd, self.timeouts.close)

@@ -25,6 +25,7 @@ import torch
 
 from rlstash.collect.async_layout import EXTRAS_BYTES, HEADER_EXTRAS, HEADER_SEQ, HEADER_VERSION
 from rlstash.core import PolicyWeights
+from rlstash.device import torch_dtype
 from rlstash.envs.shm import SharedArrays
 
 Path = tuple[str, ...]
@@ -96,7 +97,7 @@ class SharedWeights:
         self.views: list[torch.Tensor] = []
         for i, (_, shape, dtype, _) in enumerate(spec["tensors"]):
             raw = torch.from_numpy(shared[f"weights/{i}"])  # [nbytes] uint8 over shared memory
-            self.views.append(raw.view(getattr(torch, dtype)).reshape(shape))
+            self.views.append(raw.view(torch_dtype(dtype)).reshape(shape))
 
     @property
     def version(self) -> int:

@@ -108,7 +108,7 @@ def choose(
     if chosen is inproc:
         where = "in-process (num_workers=0)"
     else:
-        k = getattr(chosen, "caller_envs", 0)
+        k = chosen.caller_envs
         w = chosen.num_workers
         where = f"{w} worker process{'es' if w != 1 else ''}" + (
             f" + {k} envs in this process (caller_envs={k})" if k else ""

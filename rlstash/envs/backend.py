@@ -18,7 +18,7 @@ stitched to the fresh one.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,10 +44,14 @@ def _log_like_gymnasium(env: int, trace: str) -> None:
 
 
 class Backend:
-    """Restart bookkeeping shared by both backends."""
+    """Restart bookkeeping shared by both backends, and the attributes the pool reads of
+    any backend (defaults: no caller share, no worker slots, open, no shared arrays yet)."""
 
-    shared: SharedArrays
+    shared: SharedArrays | None = None
     num_workers: int
+    caller_envs: int = 0
+    slots: Sequence[Any] = ()
+    closed: bool = False
 
     def __init__(self, max_restarts: int, seed_rng: np.random.Generator) -> None:
         self.max_restarts = max_restarts

@@ -520,6 +520,6 @@ class ProcessBackend(Backend):
         self.closed = True
         mem_fd, self.mem_fd = self.mem_fd, -1
         release_workers(
-            self.owner, self._procs(), self.launcher, getattr(self, "shared", None), mem_fd,
+            self.owner, self._procs(), self.launcher, self.shared, mem_fd,
             self.timeouts.close,
         )  # fmt: skip

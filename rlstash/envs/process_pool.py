@@ -191,7 +191,7 @@ class ProcessPoolVectorEnv(VectorEnv):
         n = setup.num_envs
         self.num_envs = n
         self.num_workers: int = backend.num_workers
-        self.caller_envs: int = getattr(backend, "caller_envs", 0)
+        self.caller_envs: int = backend.caller_envs
         self.step_timeout = setup.timeouts.step
         self.start_timeout = setup.timeouts.start
         self.max_restarts = setup.restarts
@@ -420,7 +420,7 @@ class ProcessPoolVectorEnv(VectorEnv):
 
     def envs_of(self, worker: int) -> range:
         """The env indices held by ``worker`` (``num_workers``: the caller's share)."""
-        slots = getattr(self._backend, "slots", None)
+        slots = self._backend.slots
         if not slots:
             return range(self.num_envs)
         envs = slots[worker].envs
@@ -430,7 +430,7 @@ class ProcessPoolVectorEnv(VectorEnv):
     def _check_open(self) -> None:
         if self.closed:
             raise gym_error.ClosedEnvironmentError("ProcessPoolVectorEnv is closed")
-        if getattr(self._backend, "closed", False):
+        if self._backend.closed:
             self.closed = True
             raise gym_error.ClosedEnvironmentError(
                 "ProcessPoolVectorEnv is closed (a worker failed)"

@@ -64,7 +64,6 @@ DICT_PREFIX = "obs/"
 
 _FLAGS = ("reward", "terminated", "truncated")
 _FINITE_FIX = f"find where the env produces it, or {OPT_OUT} (RolloutStorage)"
-_TENSORS = ("obs", "action", "action_mask", "final_obs", *_FLAGS, "valid", "cont", "_after_done")
 
 
 class RolloutStorage:
@@ -181,7 +180,7 @@ class RolloutStorage:
             if self.final_obs is not None:
                 _obs_part(self.final_obs, key).copy_(data[f"final_{name}"])
         for name in ("action", *_FLAGS):
-            getattr(self, name).copy_(data[name])
+            self.tensors()[name].copy_(data[name])
         if self.action_mask is not None:
             self.action_mask.copy_(data["action_mask"])
         self.valid.copy_(valid)
@@ -249,10 +248,25 @@ class RolloutStorage:
             check_finite(steps, rows_where(finals, done), nxt, envs=N, fix=_FINITE_FIX)
         return out
 
+    def tensors(self) -> dict[str, Any]:
+        """Every tensor field by name (None where this rollout has no such field)."""
+        return {
+            "obs": self.obs,
+            "action": self.action,
+            "action_mask": self.action_mask,
+            "final_obs": self.final_obs,
+            "reward": self.reward,
+            "terminated": self.terminated,
+            "truncated": self.truncated,
+            "valid": self.valid,
+            "cont": self.cont,
+            "_after_done": self._after_done,
+        }
+
     def flat(self, name: str) -> Any:
         """Field ``name`` with T and N merged: [T * N, ...] (a view; ``obs`` without row T; for
         dict observations ``obs`` and ``final_obs`` are dicts of them by key)."""
-        t = getattr(self, name)
+        t = self.tensors()[name]
         if name == "obs":
             t = obs_map(lambda x: x[: self.steps], t)
         return obs_map(lambda x: x.reshape(self.size, *x.shape[2:]), t)
@@ -280,8 +294,7 @@ class RolloutStorage:
         if here.type == device.type and (here.index is None or device.index in (None, here.index)):
             return self
         out = copy.copy(self)
-        for name in _TENSORS:
-            t = getattr(self, name)
+        for name, t in self.tensors().items():
             setattr(out, name, None if t is None else obs_map(lambda x: x.to(device), t))
         out.device = device
         return out

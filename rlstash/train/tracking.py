@@ -307,25 +307,28 @@ class Background:
         self.close_timeout = CLOSE_TIMEOUT if close_timeout is None else close_timeout
         self.warning: str | None = None  # the one warning given, if any
         self._make = make
-        self._queue: queue.Queue[tuple[str, tuple[Any, ...]] | None] = queue.Queue(maxsize)
+        self._queue: queue.Queue[tuple[str, Callable[[Logger], None]] | None] = queue.Queue(maxsize)
         self._off = threading.Event()
         self._thread = threading.Thread(target=self._work, name=f"rlstash-{name}", daemon=True)
         self._thread.start()
 
     def log(self, step: int, row: Mapping[str, Any], kind: str) -> None:
-        self._put("log", step, dict(row), kind)
+        row = dict(row)
+        self._put("log", lambda inner: inner.log(step, row, kind))
 
     def log_config(self, config: Mapping[str, Any]) -> None:
-        self._put("log_config", dict(config))
+        config = dict(config)
+        self._put("log_config", lambda inner: inner.log_config(config))
 
     def log_video(self, step: int, path: Path) -> None:
-        self._put("log_video", step, path)
+        self._put("log_video", lambda inner: inner.log_video(step, path))
 
-    def _put(self, method: str, *args: Any) -> None:
+    def _put(self, method: str, call: Callable[[Logger], None]) -> None:
+        """Queue ``call(backend)`` (``method`` names it in a warning), or drop it when off."""
         if self._off.is_set():
             return
         try:
-            self._queue.put_nowait((method, args))
+            self._queue.put_nowait((method, call))
         except queue.Full:
             self._warn(
                 f"it falls behind ({self._queue.maxsize} calls queued); rows from here on are "
@@ -351,9 +354,9 @@ class Background:
             item = self._queue.get()
             if item is None or self._off.is_set():
                 break
-            method, args = item
+            method, call = item
             try:
-                getattr(inner, method)(*args)
+                call(inner)
             except BaseException as exc:  # noqa: BLE001
                 self._warn(f"{method} failed ({_why(exc)})")
                 break

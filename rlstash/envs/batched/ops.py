@@ -10,11 +10,12 @@ once against this small interface (``xp`` is ``numpy`` or ``torch``; both spell 
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
 import torch
+
+from rlstash.device import torch_dtype
 
 
 class NumpyOps:
@@ -57,12 +58,6 @@ class NumpyOps:
 
     def rows(self, mask: Any) -> Any:
         return np.flatnonzero(mask)
-
-
-@functools.cache
-def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype named like numpy's (``"float32"`` -> ``torch.float32``)."""
-    return torch.from_numpy(np.empty(0, dtype=name)).dtype
 
 
 class TorchOps:
