@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-COMMANDS = ("plan", "doctor", "train", "eval", "verify", "bench")
+COMMANDS = ("plan", "doctor", "train", "eval", "verify", "bench", "export")
 """The subcommands, each a module of :mod:`rlstash.cli` with a ``register(sub)``."""
 
 
