@@ -23,6 +23,7 @@ Observation fields: a Box space is the field ``obs``; a Dict space (nested too) 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -332,4 +333,6 @@ def to_minari(
         kwargs["observation_space"] = observation_space
     if action_space is not None:
         kwargs["action_space"] = action_space
-    return minari.create_dataset_from_buffers(dataset_id, episodes, env=env, **kwargs)
+    with warnings.catch_warnings():  # Minari's advice to set author, code_permalink, ...
+        warnings.filterwarnings("ignore", r".* is set to None", UserWarning)
+        return minari.create_dataset_from_buffers(dataset_id, episodes, env=env, **kwargs)

@@ -3,6 +3,8 @@ temporary MINARI_DATASETS_PATH, and the agents' compile fixtures."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -52,7 +54,9 @@ def collect(dataset_id: str, env, steps: int, seed: int = 0):
         _, _, term, trunc, _ = collector.step(collector.action_space.sample())
         if term or trunc:
             collector.reset()
-    ds = collector.create_dataset(dataset_id=dataset_id, algorithm_name="random")
+    with warnings.catch_warnings():  # Minari's advice to set author, code_permalink, ...
+        warnings.simplefilter("ignore", UserWarning)
+        ds = collector.create_dataset(dataset_id=dataset_id, algorithm_name="random")
     collector.close()
     return ds
 

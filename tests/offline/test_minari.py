@@ -14,7 +14,6 @@ from rlstash.memory import InsufficientMemoryError
 from tests.offline.conftest import collect, dict_env
 
 minari = pytest.importorskip("minari", reason="Minari tests need rlstash[minari]")
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:minari")  # metadata advice
 from rlstash.datasets import minari as mds  # noqa: E402
 
 

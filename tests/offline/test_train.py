@@ -15,7 +15,6 @@ from rlstash.cli.main import main
 from tests.offline.conftest import collect
 
 pytest.importorskip("minari", reason="Minari tests need rlstash[minari]")
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:minari")  # metadata advice
 
 
 def _train(tmp_path, *argv: str) -> int:
@@ -23,13 +22,11 @@ def _train(tmp_path, *argv: str) -> int:
                  "--set", "net_arch=16,16", "--set", "compile=false", *argv])  # fmt: skip
 
 
-@pytest.mark.parametrize("algo", ["iql", "td3_bc"])
-def test_offline_run_updates_checkpoints_and_evaluates_in_the_dataset_env(
-    algo, tmp_path, minari_path
-):
+def test_offline_run_updates_checkpoints_and_evaluates_in_the_dataset_env(tmp_path, minari_path):
+    algo = "iql"  # td3_bc runs the same OfflineLearning (its losses: test_agents.py)
     collect("test/pend-v0", gym.make("Pendulum-v1", max_episode_steps=50), steps=300)
     code = _train(tmp_path, "--algo", algo, "--dataset", "test/pend-v0", "--steps", "120",
-                  "--gradient-steps", "40", "--eval-every", "60", "--checkpoint-every", "60",
+                  "--gradient-steps", "30", "--eval-every", "60", "--checkpoint-every", "60",
                   "--eval-episodes", "1", "--name", algo)  # fmt: skip
     assert code == 0
     run = tmp_path / "runs" / algo
