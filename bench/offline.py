@@ -70,8 +70,13 @@ def make_dataset(dataset_id: str, env_id: str, steps: int, seed: int) -> Any:
                 break
         tr[-1] = tr[-1] or not te[-1]
         episodes.append(
-            EpisodeBuffer(observations=np.stack(o), actions=np.stack(a), rewards=np.array(r),
-                          terminations=np.array(te), truncations=np.array(tr))  # fmt: skip
+            EpisodeBuffer(
+                observations=np.stack(o),
+                actions=np.stack(a),
+                rewards=np.array(r),
+                terminations=np.array(te),
+                truncations=np.array(tr),
+            )  # fmt: skip
         )
     return minari.create_dataset_from_buffers(
         dataset_id, episodes, env=env_id, algorithm_name="random"
@@ -309,7 +314,9 @@ def measure_updates(dataset_id: str, reps: int, compiled: bool) -> dict[str, Any
                 runs["rlstash compiled"], compile_s = run, agent.bench_compile_s
             runs["torchrl eager"] = torchrl_update(algo, trb, obs_dim, act_dim)[0]
             timings = interleaved(runs, reps=reps, target_s=1.0)
-            out[algo] = {name: {"median": t.median, "rates": t.rates} for name, t in timings.items()}
+            out[algo] = {
+                name: {"median": t.median, "rates": t.rates} for name, t in timings.items()
+            }
             out[algo]["compile_s"] = compile_s
             print(f"[offline] {algo}: {json.dumps(out[algo])}", flush=True)
     finally:

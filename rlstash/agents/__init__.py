@@ -19,8 +19,8 @@ from rlstash.agents.actions import (
 from rlstash.agents.base import Agent, AgentBase, check_batch, read_metrics
 from rlstash.agents.dqn import DQN, DQNConfig
 from rlstash.agents.gae import gae, rollout_gae
-from rlstash.agents.iql import IQL, IQLConfig
 from rlstash.agents.history import HistorySummarizer, HistoryWindow, transitions_from_windows
+from rlstash.agents.iql import IQL, IQLConfig
 from rlstash.agents.ppo import PPO, PPOConfig
 from rlstash.agents.sac import SAC, SACConfig
 from rlstash.agents.sac_discrete import DiscreteSAC, DiscreteSACConfig

@@ -41,10 +41,10 @@ def export_run(run_dir: Path, dataset_id: str) -> Any:
     ``dataset_id``; returns the ``MinariDataset``. ValueError lines for a run without a
     checkpoint or without a replay buffer (on-policy and offline runs keep none)."""
     from rlstash.datasets.minari import import_minari, to_minari
+    from rlstash.envs.make import probe_env
     from rlstash.replay import ReplayBuffer
     from rlstash.train import checkpoint, rundir
     from rlstash.train.config import TrainConfig
-    from rlstash.envs.make import probe_env
 
     import_minari()  # the install hint before anything is read
     if checkpoint.latest(run_dir) is None:

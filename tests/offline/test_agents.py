@@ -92,13 +92,10 @@ def test_td3_bc_actor_step_uses_the_normalised_q():
         IQLConfig(expectile=1.0)
 
 
-@pytest.mark.parametrize("name", ["iql", "td3_bc"])
-def test_compiled_update_equals_eager(name, aot_eager):
-    make = {
-        "iql": _iql,
-        "td3_bc": lambda c: TD3BC((3,), 2, -2.0, 2.0, TD3BCConfig(net_arch=SMALL, compile=c)),
-    }[name]
-    eager, comp, out_e, out_c = _run(make, _continuous, n=4)
+def test_compiled_iql_update_equals_eager(aot_eager):
+    """IQL's own compiled step (TD3+BC compiles TD3's steps around its actor loss; CI time
+    keeps this to one agent)."""
+    eager, comp, out_e, out_c = _run(_iql, _continuous, n=3)
     assert comp.compile_seconds > 0 and eager.compile_seconds == 0
     assert_same_agents(eager, comp)
     for key, value in read_metrics(out_e).items():
