@@ -2,7 +2,7 @@
 
     python3 bench/offline.py                      # writes bench/results/offline.md (+ .json)
     python3 bench/offline.py --steps 100000       # dataset size (env steps)
-    python3 bench/offline.py --learn 20000        # also learning runs of that many updates
+    python3 bench/offline.py --no-compile         # rlstash eager only (no inductor compile)
 
 Measured, in one process run under ``.venv-bench`` (TorchRL 0.14.1), interleaved, medians:
 
@@ -23,8 +23,9 @@ Measured, in one process run under ``.venv-bench`` (TorchRL 0.14.1), interleaved
    (``compile=True``, inductor; compilation before timing, reported apart) vs TorchRL eager
    (``IQLLoss``/``TD3BCLoss`` with the update loops of ``sota-implementations/iql/
    iql_offline.py`` and ``td3_bc/td3_bc.py``). common.interleaved, CPU-seconds clock.
-5. ``--learn N``: N updates of each algorithm on each side (same settings, ``--seeds``
-   seeds), then the mean return of 10 deterministic episodes in the env.
+
+Not measured here (see the results' notes): learning runs (normalised return after 100k-300k
+gradient steps, 3 seeds) and a "medium" dataset from a trained SAC.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +80,11 @@ def make_dataset(dataset_id: str, env_id: str, steps: int, seed: int) -> Any:
                 truncations=np.array(tr),
             )  # fmt: skip
         )
-    return minari.create_dataset_from_buffers(
-        dataset_id, episodes, env=env_id, algorithm_name="random"
-    )
+    with warnings.catch_warnings():  # Minari's advice to set author, code_permalink, ...
+        warnings.simplefilter("ignore", UserWarning)
+        return minari.create_dataset_from_buffers(
+            dataset_id, episodes, env=env_id, algorithm_name="random"
+        )
 
 
 # ------------------------------------------------------------------ loading
@@ -124,6 +128,15 @@ def load_torchrl(dataset_id: str, root: str) -> Any:
     return MinariExperienceReplay(
         dataset_id, batch_size=BATCH, root=root, load_from_local_minari=True
     )
+
+
+def torchrl_sampling(trb: Any) -> Any:
+    """``trb`` as sota-implementations samples it: float64 MuJoCo observations cast to float32
+    on sampling (``DoubleToFloat``), like rlstash's networks cast them."""
+    from torchrl.envs import DoubleToFloat
+
+    trb.append_transform(DoubleToFloat())
+    return trb
 
 
 def tensor_bytes(td: Any) -> int:
@@ -301,7 +314,7 @@ def measure_updates(dataset_id: str, reps: int, compiled: bool) -> dict[str, Any
     use_cpu_clock()
     root = tempfile.mkdtemp(prefix="torchrl-minari-")
     rb = load_rlstash(dataset_id)
-    trb = load_torchrl(dataset_id, root)
+    trb = torchrl_sampling(load_torchrl(dataset_id, root))
     obs_dim = rb.storage.spec["obs"].shape[0]
     act_dim = rb.storage.spec["action"].shape[0]
     out: dict[str, Any] = {}
