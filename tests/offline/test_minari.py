@@ -114,3 +114,32 @@ def test_bad_dataset_ids_and_an_existing_export_are_one_line_errors(minari_path)
     with pytest.raises(ValueError, match="exists already"):
         mds.to_minari(st, "test/have-v0", env="Pendulum-v1")
     st.close()
+
+
+def test_export_walks_every_lane_oldest_first_and_cuts_the_running_episode():
+    """Two lanes of 8 slots, 10 next-step steps (the ring overwrote each lane's 2 oldest):
+    lane 0 terminates and runs on, lane 1 truncates and runs on; no minari needed."""
+    from rlstash.storage import StreamStorage
+
+    st = StreamStorage({"obs": ((1,), torch.float32), "action": ((), torch.int64)}, 2, 16)
+    term = np.zeros((10, 2), bool)
+    trunc = np.zeros((10, 2), bool)
+    term[2, 0] = True  # lane 0: steps 0..2, final obs at 3, a new episode from 4
+    trunc[6, 1] = True  # lane 1: steps 0..6 truncated, final obs at 7, new episode from 8
+    obs = torch.arange(20, dtype=torch.float32).reshape(10, 2, 1)
+    st.extend({"obs": obs, "action": torch.arange(20).reshape(10, 2),
+               "reward": obs[..., 0] / 10, "terminated": torch.from_numpy(term),
+               "truncated": torch.from_numpy(trunc)})  # fmt: skip
+    eps = list(mds.stream_episodes(st))
+    lane0 = [e["observations"][:, 0].tolist() for e in eps[:2]]
+    assert lane0 == [[4, 6], [8, 10, 12, 14, 16, 18]]  # from the oldest kept observation
+    assert eps[0]["terminations"].tolist() == [True]
+    assert eps[1]["truncations"].tolist() == [False] * 4 + [True]  # running: cut at its newest
+    np.testing.assert_array_equal(eps[1]["actions"], [8, 10, 12, 14, 16])
+    lane1 = [e["observations"][:, 0].tolist() for e in eps[2:]]
+    assert lane1 == [[5, 7, 9, 11, 13, 15], [17, 19]]
+    assert eps[2]["truncations"].tolist() == [False] * 4 + [True]
+    assert eps[3]["truncations"].tolist() == [True] and eps[3]["rewards"].tolist() == [
+        np.float32(1.7)
+    ]
+    st.close()
