@@ -103,7 +103,8 @@ class TrainConfig:
     # what to train
     algo: str = s(
         "dqn",
-        "Algorithm: dqn, sac (continuous or discrete, by the env's actions), td3 or ppo (both).",
+        "Algorithm: dqn, sac (continuous or discrete, by the env's actions), td3 or ppo (both); "
+        "offline from --dataset: iql or td3_bc.",
         group="run",
     )
     env: str = s("CartPole-v1", "Gymnasium env id.", group="run")
