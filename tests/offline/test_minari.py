@@ -52,6 +52,7 @@ ENVS = {
 }
 
 
+@pytest.mark.filterwarnings("ignore:env_spec is None")  # the Dict env is not registered
 @pytest.mark.parametrize("kind", sorted(ENVS))
 def test_stream_holds_every_transition_and_exports_equal(kind, minari_path):
     ds = collect(f"test/{kind}-v0", ENVS[kind](), steps=300)
