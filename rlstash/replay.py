@@ -328,6 +328,15 @@ class ReplayBuffer:
         return path
 
     @classmethod
+    def from_minari(cls, dataset: Any, reads: Any = None, **kwargs: Any) -> ReplayBuffer:
+        """A buffer over a one-lane StreamStorage holding every episode of a Minari dataset
+        (a ``MinariDataset`` or a local id; ``reads``: a ReadSpec; ``kwargs``: this class's
+        arguments). See :mod:`rlstash.datasets.minari`; needs ``rlstash[minari]``."""
+        from rlstash.datasets.minari import from_minari
+
+        return cls(from_minari(dataset, reads=reads), **kwargs)
+
+    @classmethod
     def load(
         cls,
         path: str | os.PathLike,

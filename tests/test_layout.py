@@ -27,7 +27,7 @@ TOP_LEVEL = {
     "__main__": 7,
 }  # fmt: skip
 PACKAGES = {
-    "storage": 1, "sampler": 1, "envs": 3, "collect": 4, "agents": 5,
+    "storage": 1, "sampler": 1, "datasets": 2, "envs": 3, "collect": 4, "agents": 5,
     "diag": 6, "train": 6, "hub": 6, "cli": 7,
 }  # fmt: skip
 LAYER_NAMES = {0: "foundation", 1: "storage/sampler", 2: "replay", 3: "envs", 4: "collect",

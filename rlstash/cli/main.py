@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-COMMANDS = ("plan", "doctor", "train", "eval", "verify", "bench", "push", "pull")
+COMMANDS = ("plan", "doctor", "train", "eval", "verify", "bench", "push", "pull", "export")
 """The subcommands, each a module of :mod:`rlstash.cli` with a ``register(sub)``."""
 
 DOCS = "http://127.0.0.1:8000/"

@@ -23,10 +23,12 @@ from typing import Any
 import torch
 
 from rlstash.agents.dqn import DQN, DQNConfig
+from rlstash.agents.iql import IQL, IQLConfig
 from rlstash.agents.ppo import PPO, PPOConfig
 from rlstash.agents.sac import SAC, SACConfig
 from rlstash.agents.sac_discrete import DiscreteSAC, DiscreteSACConfig
 from rlstash.agents.td3 import TD3, TD3Config
+from rlstash.agents.td3_bc import TD3BC, TD3BCConfig
 from rlstash.envs.atari import is_atari
 from rlstash.envs.batched import REFERENCE_IDS
 from rlstash.presets import DQN_PRESETS, PPO_ATARI, PPO_PRESETS, SAC_PRESETS, TD3_PRESETS
@@ -34,7 +36,7 @@ from rlstash.settings import SettingError, field_values
 from rlstash.train.config import ALGOS, LOOP_SETTINGS, RUN_DEFAULTS, TrainConfig
 
 ACTION_KINDS = ("discrete", "continuous")
-STORES = ("replay", "rollout")
+STORES = ("replay", "rollout", "offline")
 DEFAULT_STEPS = 100_000
 """A run's env steps when ``steps`` is not given (an on-policy algorithm counts them in
 rollouts of its preset: :func:`rollout_budget`); the run stops earlier at the threshold."""
@@ -299,5 +301,32 @@ register(
         ),  # fmt: skip
         presets=TD3_PRESETS,
         help="TD3 (1-D Box actions)",
+    )
+)
+
+# Offline algorithms (store "offline": rlstash.train.offline): they learn from --dataset alone;
+# steps, eval_every and checkpoint_every count gradient steps, gradient_steps of them per
+# round; the replay is the dataset (buffer_size unused). Settings: TorchRL's
+# sota-implementations (batch 256).
+OFFLINE_LOOP = dict(
+    batch_size=256, buffer_size=None, learning_starts=0, train_freq=1, gradient_steps=100,
+    n_steps=1,
+)  # fmt: skip
+register(
+    Algo(
+        "iql",
+        {"continuous": Learner(IQLConfig, _build_box(IQL))},
+        loop=OFFLINE_LOOP,
+        help="IQL, offline from --dataset (1-D Box actions)",
+        store="offline",
+    )
+)
+register(
+    Algo(
+        "td3_bc",
+        {"continuous": Learner(TD3BCConfig, _build_box(TD3BC))},
+        loop=OFFLINE_LOOP,
+        help="TD3+BC, offline from --dataset (1-D Box actions)",
+        store="offline",
     )
 )

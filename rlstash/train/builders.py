@@ -35,7 +35,7 @@ from rlstash.envs.make import EnvInfo, is_batched, make_eval_env, make_vec_env, 
 from rlstash.ratelimit import RateLimiter
 from rlstash.replay import ReplayBuffer
 from rlstash.spec import Spec
-from rlstash.train import algos, checkpoint, onpolicy, ray_run, run_memory, video
+from rlstash.train import algos, checkpoint, offline, onpolicy, ray_run, run_memory, video
 from rlstash.train.config import STORAGES, TrainConfig
 from rlstash.train.run import Learning, Run, make_run_dir, step_spec
 
@@ -60,6 +60,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
         ray_run.check(cfg)
     torch.set_num_threads(cfg.torch_threads)
     learning.check(cfg)
+    cfg = offline.with_dataset_env(cfg)  # --dataset: the env it names
     info = probe_env(cfg.env, cfg.history)
     given = dict(cfg.agent)
     cfg, agent_cfg = algos.resolve(cfg, info.act_space)
@@ -154,7 +155,13 @@ class ReplayLearning(Learning):
         if state is not None:
             return restore_buffer(run_dir, device)
         spec = step_spec(info.obs_space, info.act_space)
-        return make_buffer(cfg, spec, run_dir, agent_cfg.gamma, device, info.frame_stack)
+        rb = make_buffer(cfg, spec, run_dir, agent_cfg.gamma, device, info.frame_stack)
+        if cfg.dataset:  # offline-to-online: the dataset's episodes first
+            with contextlib.ExitStack() as undo:
+                undo.callback(rb.close)
+                offline.seed_buffer(rb, cfg, info)
+                undo.pop_all()
+        return rb
 
     def make_limiter(self, cfg: TrainConfig) -> RateLimiter:
         return make_limiter(cfg)
@@ -204,7 +211,9 @@ class ReplayLearning(Learning):
 
 
 REPLAY = ReplayLearning()
-LEARNING: dict[str, Learning] = {"replay": REPLAY, "rollout": onpolicy.ROLLOUT}
+LEARNING: dict[str, Learning] = {
+    "replay": REPLAY, "rollout": onpolicy.ROLLOUT, "offline": offline.OFFLINE,
+}  # fmt: skip
 """Store name (:attr:`rlstash.train.algos.Algo.store`) -> the :class:`Learning` of its runs."""
 
 

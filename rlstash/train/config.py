@@ -103,10 +103,18 @@ class TrainConfig:
     # what to train
     algo: str = s(
         "dqn",
-        "Algorithm: dqn, sac (continuous or discrete, by the env's actions), td3 or ppo (both).",
+        "Algorithm: dqn, sac (continuous or discrete, by the env's actions), td3 or ppo (both); "
+        "offline from --dataset: iql or td3_bc.",
         group="run",
     )
     env: str = s("CartPole-v1", "Gymnasium env id.", group="run")
+    dataset: str = s(
+        "",
+        "A local Minari dataset id (needs rlstash[minari]): offline algorithms (iql, td3_bc) "
+        "learn from it alone, online ones (sac, td3) start with it in their replay; the env "
+        "is the one the dataset names.",
+        group="run",
+    )
     steps: int | None = s(
         None,
         "Env steps at most; the run stops earlier once evaluations stay at --threshold "

@@ -1,0 +1,161 @@
+"""Training from a Minari dataset (``rlstash train --dataset NAME``; ``rlstash[minari]``).
+
+Offline (``--algo iql`` or ``td3_bc``, store ``"offline"``): :class:`OfflineLearning` loads
+the dataset into a one-lane stream replay (each observation once, planned before it is
+allocated: :mod:`rlstash.datasets.minari`) and the loop only updates: ``--steps`` counts
+gradient steps, ``--gradient-steps`` of them per round, ``--eval-every`` and
+``--checkpoint-every`` count them too. Evaluation runs online in the env the dataset names
+(its ``env_spec``). Checkpoints hold the agent, not the buffer (the dataset is read again on
+resume).
+
+Offline-to-online (``--dataset`` with an online algorithm, sac or td3): the run's replay is
+seeded with the dataset's episodes before collection starts (:func:`seed_buffer`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlstash.envs.make import make_eval_env, make_vec_env
+from rlstash.replay import ReplayBuffer
+from rlstash.storage import ReadSpec
+from rlstash.train import checkpoint
+from rlstash.train.run import Learning, Run, step_spec
+
+DEFAULT_ENV = "CartPole-v1"  # TrainConfig.env's default: --dataset replaces it by its env
+
+
+def with_dataset_env(cfg: Any) -> Any:
+    """``cfg`` with ``env`` set to the env its ``dataset`` names (unchanged without one); a
+    ValueError when ``--env`` names another env, or the dataset is no local Minari dataset."""
+    if not cfg.dataset:
+        return cfg
+    from rlstash.datasets import minari as mds
+    from rlstash.train.algos import ALGOS
+
+    if ALGOS[cfg.algo].on_policy:
+        raise ValueError(
+            f"dataset: --algo {cfg.algo} learns on-policy, from its own rollouts only; use "
+            f"--algo iql or td3_bc (offline) or sac or td3 (seeded with the dataset)"
+        )
+
+    env = mds.env_id(cfg.dataset)
+    if cfg.env not in (DEFAULT_ENV, env):
+        raise ValueError(
+            f"env: dataset {cfg.dataset} was collected in {env}, got --env {cfg.env}; drop "
+            f"--env (the dataset's env is used)"
+        )
+    return dataclasses.replace(cfg, env=env)
+
+
+def _check_spaces(cfg: Any, ds: Any, info: Any) -> None:
+    """A ValueError when the dataset's spaces are not the env's (shapes and action kind)."""
+
+    def kinds(obs: Any, act: Any) -> tuple:
+        return getattr(obs, "shape", None), type(act).__name__, getattr(act, "shape", None)
+
+    if kinds(ds.observation_space, ds.action_space) != kinds(info.obs_space, info.act_space):
+        raise ValueError(
+            f"dataset: {cfg.dataset} has observations {ds.observation_space} and actions "
+            f"{ds.action_space}, env {cfg.env} has {info.obs_space} and {info.act_space}; "
+            f"use a dataset of this env"
+        )
+
+
+def seed_buffer(rb: ReplayBuffer, cfg: Any, info: Any) -> int:
+    """Fill the run's replay ``rb`` (one lane) with the episodes of ``cfg.dataset`` before
+    collection starts; returns the steps written. A ValueError for a replay of several lanes
+    (``--envs`` > 1: the dataset's episodes would need a lane each) or mismatched spaces."""
+    from rlstash.datasets import minari as mds
+
+    if rb.storage.num_envs != 1:
+        raise ValueError(
+            f"envs: seeding the replay from --dataset needs one env lane, got {cfg.lanes}; "
+            f"give --envs 1"
+        )
+    ds = mds.load(cfg.dataset)
+    _check_spaces(cfg, ds, info)
+    return mds.fill_stream(rb.storage, ds.iterate_episodes(), extend=rb.extend)
+
+
+class OfflineLearning(Learning):
+    """Updates only, on a replay filled from ``cfg.dataset`` (module docstring)."""
+
+    name = "offline"
+
+    def check(self, cfg: Any) -> None:
+        if not cfg.dataset:
+            raise ValueError(
+                f"dataset: --algo {cfg.algo} learns offline from a dataset; give --dataset NAME "
+                f"(a local Minari dataset id)"
+            )
+        for name in ("ray", "history"):
+            if getattr(cfg, name):
+                raise ValueError(f"{name}: not used by offline --algo {cfg.algo}; drop it")
+
+    def place(self, cfg: Any, device: torch.device) -> Any:
+        return cfg
+
+    def make_env(self, cfg: Any, agent_cfg: Any, info: Any, device: torch.device) -> Any:
+        return make_vec_env(cfg.env, 1, 0, None, 0, device)  # never stepped: no collection
+
+    def make_store(
+        self, cfg: Any, agent_cfg: Any, info: Any, run_dir: Path, device: torch.device,
+        state: dict[str, Any] | None,
+    ) -> ReplayBuffer:  # fmt: skip
+        from rlstash.datasets import minari as mds
+
+        ds = mds.load(cfg.dataset)
+        _check_spaces(cfg, ds, info)
+        reads = ReadSpec(n_step=cfg.n_steps, gamma=agent_cfg.gamma)
+        spec = step_spec(info.obs_space, info.act_space)
+        storage = mds.from_minari(ds, reads=reads, spec=spec)
+        return ReplayBuffer(storage, seed=cfg.seed + (state["step"] if state else 0), device=device)
+
+    def collect_frames(self, cfg: Any, agent_cfg: Any) -> int:
+        return 1
+
+    def planned_updates(self, cfg: Any, agent_cfg: Any, limiter: Any, frames: int) -> int:
+        return cfg.steps
+
+    def make_eval_env(
+        self, cfg: Any, agent_cfg: Any, info: Any, num_envs: int, recorder: Any
+    ) -> Any:
+        return make_eval_env(cfg.env, num_envs, 0, recorder)
+
+    def describe(self, run: Run) -> str:
+        from rlstash.memory import human_bytes
+
+        st = run.rb.storage
+        return (
+            f"offline: dataset {run.cfg.dataset} ({run.cfg.env}), {len(run.rb)} slots in a "
+            f"stream replay, {human_bytes(st.nbytes)} on {st.device}; --steps counts updates"
+        )
+
+    def resumed(self, run: Run) -> str:
+        return f"resumed at update {run.step}"
+
+    def iterate(self, run: Run) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        cfg, agent, rb = run.cfg, run.agent, run.rb
+
+        def iterate(metrics: dict[str, Any]) -> dict[str, Any]:
+            for _ in range(min(cfg.gradient_steps, cfg.steps - run.step)):
+                metrics = agent.update(rb.sample(cfg.batch_size))
+                run.step += 1
+            return metrics
+
+        return iterate
+
+    def save(self, run: Run) -> Path:
+        return checkpoint.save(run.run_dir, run.state())
+
+    def close_store(self, store: ReplayBuffer) -> None:
+        store.close()
+
+
+OFFLINE = OfflineLearning()
