@@ -35,6 +35,8 @@ from rlstash.agents.base import (
     ConfigMixin,
     check_batch,
     check_common,
+    check_positive,
+    check_target,
     flat_adam,
     hp,
     seeded_init,
@@ -83,9 +85,8 @@ class IQLConfig(ConfigMixin):
         check_common(self)
         if not 0.0 < self.expectile < 1.0:
             raise ValueError(f"expectile: expected a value in (0, 1), got {self.expectile!r}")
-        for name in ("temperature", "max_weight"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: expected > 0, got {getattr(self, name)!r}")
+        check_target(self.tau)
+        check_positive(temperature=self.temperature, max_weight=self.max_weight)
         if not self.log_std_min < self.log_std_max:
             raise ValueError(
                 f"log_std_min: expected < log_std_max, got {self.log_std_min} >= {self.log_std_max}"
