@@ -148,7 +148,7 @@ def main() -> int:
     import statistics
 
     lines = [
-        f"| case | A ops/CPU-s (median) | B ops/CPU-s (median) | B / A |",
+        "| case | A ops/CPU-s (median) | B ops/CPU-s (median) | B / A |",
         "|---|---:|---:|---:|",
     ]
     for k in rates["A"]:

@@ -50,9 +50,12 @@ host read), :class:`~rlstash.storage.lanes.Lanes` plans the T steps with row ope
 the N lanes, and the slots are written in one call (one contiguous copy per field while the
 lanes move in lockstep, as next-step chunks keep them).
 
-Layers, each importing only the ones below it; :class:`StreamStorage` composes them::
+Layers, each importing only the ones below it; :class:`StreamStorage` composes them (each
+layer gets the objects it works on, never the stream)::
 
-    stream.py          StreamStorage: builds the parts, checks arguments, saves and loads
+    stream_layout.py   convert_lane_major: copies an old disk stream into a new one (above)
+    stream.py          StreamStorage: checks arguments, composes the parts, saves and loads
+    stream_open.py     opens the backing, the lanes and their commit records; saved backings
     stream_direct.py   StepSlots: steps a collector writes in place (open_steps)
     stream_write.py    StreamWriter: extend, end_episodes (lanes + rows + commit records)
     stream_read.py     StreamReader: n-step returns, next obs, frame stacks (lanes + rows)
