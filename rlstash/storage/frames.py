@@ -518,8 +518,17 @@ class FrameArena:
         return int((self.count - self.floor).sum())
 
     def arrays(self) -> dict[str, np.ndarray]:
-        keys = ("data", "off", "size", "depth", "raw", "count", "floor", "head", "last")
-        return {k: getattr(self, k) for k in keys}
+        return {
+            "data": self.data,
+            "off": self.off,
+            "size": self.size,
+            "depth": self.depth,
+            "raw": self.raw,
+            "count": self.count,
+            "floor": self.floor,
+            "head": self.head,
+            "last": self.last,
+        }
 
     def load(self, arrays: Mapping[str, Any]) -> None:
         for k, v in self.arrays().items():  # every shape checked before anything changes

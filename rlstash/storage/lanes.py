@@ -80,24 +80,35 @@ class Lanes:
         return (1 if slots_given else 3) * num_envs * L + (5 * 8 + 1) * num_envs
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {k: getattr(self, k) for k in LANE_KEYS}
+        """The arrays a save holds, by the names of :data:`LANE_KEYS` (the arrays themselves)."""
+        return {
+            "count": self.count,
+            "floor": self.floor,
+            "next_ep": self.next_ep,
+            "pending": self.pending,
+            "reserved": self.reserved,
+            "flags": self.flags,
+            "ep": self.ep,
+        }
 
     def load(self, arrays: Mapping[str, Any]) -> None:
         """Copy saved arrays in (every shape checked first), then recompute ``valid``."""
+        mine = self.arrays()
         for k in LANE_KEYS:
-            got, want = np.shape(arrays[k]), getattr(self, k).shape
+            got, want = np.shape(arrays[k]), mine[k].shape
             if got != want:
                 raise ValueError(f"state: lane array {k!r} has shape {got}, expected {want}")
         for k in LANE_KEYS:
-            getattr(self, k)[...] = np.asarray(arrays[k])
+            mine[k][...] = np.asarray(arrays[k])
         self.recompute()
 
     def restore(self, per_lane: Mapping[str, np.ndarray]) -> None:
         """Take the committed per-lane arrays of a reopened directory (its slots' ``flags``
         and ``ep`` are already in place), drop what the commit did not vouch for and
         recompute ``valid``."""
+        mine = self.arrays()
         for k in ("count", "floor", "next_ep", "reserved", "pending"):
-            getattr(self, k)[...] = per_lane[k]
+            mine[k][...] = per_lane[k]
         self.drop_unvouched()
 
     def alive_floor(self) -> np.ndarray:

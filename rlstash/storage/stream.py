@@ -48,9 +48,22 @@ A ``[T, N]`` chunk is one write, not T: its ``terminated``/``truncated`` reach t
 (views on the CPU; one blocking device-to-host copy for both on a GPU, the write path's only
 host read), :class:`~rlstash.storage.lanes.Lanes` plans the T steps with row operations over
 the N lanes, and the slots are written in one call (one contiguous copy per field while the
-lanes move in lockstep, as next-step chunks keep them). The write path lives in
-:mod:`rlstash.storage.stream_write`, the read path in :mod:`rlstash.storage.stream_read`, the
-specs of steps, slots and reads in :mod:`rlstash.storage.stream_spec`.
+lanes move in lockstep, as next-step chunks keep them).
+
+Layers, each importing only the ones below it; :class:`StreamStorage` composes them (each
+layer gets the objects it works on, never the stream)::
+
+    stream_layout.py   convert_lane_major: copies an old disk stream into a new one (above)
+    stream.py          StreamStorage: checks arguments, composes the parts, saves and loads
+    stream_open.py     opens the backing, the lanes and their commit records; saved backings
+    stream_direct.py   StepSlots: steps a collector writes in place (open_steps)
+    stream_write.py    StreamWriter: extend, end_episodes (lanes + rows + commit records)
+    stream_read.py     StreamReader: n-step returns, next obs, frame stacks (lanes + rows)
+    stream_backing.py  SlotRows: where the slots' bytes live (RAM, GPU, disk, tiered,
+                       compressed frames: frame_backing.py, frames.py, codecs.py)
+    stream_commit.py   LaneBooks: the lanes' commit records beside a disk backing
+    lanes.py           Lanes: which slot holds which step of which lane, valid starts
+    stream_spec.py, stream_format.py, stream_plan.py: specs, row layouts, memory plans
 
 Episodes never get stitched: when envs are reset outside the stream (a collector reset, a
 restarted worker) call :meth:`StreamStorage.end_episodes`; after a load or a reopen the
@@ -70,7 +83,6 @@ import os
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -78,34 +90,28 @@ import torch
 
 from rlstash import autoreset as modes
 from rlstash.core import Index, Storage
-from rlstash.device import resolve_device
 from rlstash.indices import as_rows
-from rlstash.spec import Batch, Field, Spec
+from rlstash.spec import Batch, Spec
 from rlstash.storage import register_kind
-from rlstash.storage import stream_commit as books
-from rlstash.storage import stream_read as read_path
-from rlstash.storage import stream_write as write
-from rlstash.storage.frame_backing import FrameBacking
-from rlstash.storage.frames import FrameCompression, frame_fields
+from rlstash.storage.frames import FrameCompression
 from rlstash.storage.lanes import LANE_KEYS, TERM, TRUNC, WRITTEN, Lanes
-from rlstash.storage.ram import TensorStorage
-from rlstash.storage.stream_commit import NPZ, LaneLog
+from rlstash.storage.stream_backing import slot_rows
+from rlstash.storage.stream_commit import NPZ
 from rlstash.storage.stream_direct import StepSlots, open_steps
-from rlstash.storage.stream_layout import (
-    LANE_MAJOR,
-    LAYOUT,
-    convert_state,
-    saved_layout,
-)
+from rlstash.storage.stream_format import LANE_MAJOR, LAYOUT, convert_state, saved_layout
+from rlstash.storage.stream_open import check_place, open_backing, saved_backing
 from rlstash.storage.stream_plan import bookkeeping_bytes, naive_bytes, stream_plan
 from rlstash.storage.stream_plan import plan_bytes as stream_plan_bytes
+from rlstash.storage.stream_read import StreamReader
 from rlstash.storage.stream_spec import (
     ReadSpec,
     obs_names,
+    sample_spec,
     slot_spec,
     step_spec,
     transition_step,
 )
+from rlstash.storage.stream_write import StreamWriter
 
 BOOKKEEPING_BYTES = 3  # per slot: flags, episode position (clipped), valid
 
@@ -147,7 +153,6 @@ class StreamStorage:
         check_finite: bool = True,
     ) -> None:
         self.spec = step_spec(spec)
-        self.check_finite = bool(check_finite)
         for name, v in (("num_envs", num_envs), ("capacity", capacity)):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
@@ -165,104 +170,49 @@ class StreamStorage:
         self.autoreset, self.reads, self.stacked_input = autoreset, reads, bool(stacked_input)
         self.obs_keys = obs_names(self.spec)
         self.slot_spec = slot_spec(self.spec, reads.frame_stack, self.stacked_input)
-        self.sample_spec = self._sample_spec()
-        self.lanes: Lanes  # made by _open_backing (on a disk stream's mapped slot arrays)
+        self.sample_spec = sample_spec(self.slot_spec, self.obs_keys, reads.frame_stack)
         self._windows: tuple[int, int, np.ndarray] = (-1, 0, np.zeros(0, bool))
-        self._path: Path | None = None
-        self._log: LaneLog | None = None  # disk: the lanes' commit records
-        self._durable = False  # disk: the backing's writes reach the page cache at once
-        self._cut = np.zeros(num_envs, bool)  # lanes whose episode ends before the next extend
-        self._margin = max(2, L // 16)  # a tiered backing: steps per lane between its flushes
         self.compression = backing if isinstance(backing, FrameCompression) else None
-        path, resume = self._checked_place(backing, device, path)
+        place = check_place(backing, device, path, self.slot_spec)  # (path, resume)
         self.plan = stream_plan(  # checked before anything is allocated (None: a factory)
-            self.slot_spec, num_envs, self.capacity, backing, device, path, resume,
-            allow_overcommit,
+            self.slot_spec, num_envs, self.capacity, backing, device, *place, allow_overcommit
+        )
+        # the layers, bottom up: index (lanes), backing (rows), commit records, reader, writer
+        self.backing, self.lanes, self._books = open_backing(
+            backing, self.slot_spec, self._new_lanes, device, place, allow_overcommit,
+            self._config(),
         )  # fmt: skip
-        self.backing = self._open_backing(backing, device, path, resume, allow_overcommit)
-        self.device = torch.device(self.backing.device)
-        self._closed = False
+        rows = slot_rows(self.backing)
+        self.device = rows.device
+        self._reader = StreamReader(
+            self.lanes, rows, self.slot_spec, self.obs_keys, reads, self.spec["reward"].dtype
+        )
+        self._writer = StreamWriter(
+            self.spec, self.slot_spec, self.obs_keys, self.lanes, rows, self._books,
+            autoreset, self.stacked_input, self.compression is not None, check_finite,
+        )  # fmt: skip
+        self._writer.cut[:] = place[1]  # the envs of the open episodes are gone
+        self._finalizer = None if self._books is None else weakref.finalize(self, self._books.close)
+
+    @property
+    def check_finite(self) -> bool:
+        """Refuse a batch with NaN or +-inf in a float field (invariant I10); settable."""
+        return self._writer.check_finite
+
+    @check_finite.setter
+    def check_finite(self, value: bool) -> None:
+        self._writer.check_finite = bool(value)
+
+    @property
+    def _cut(self) -> np.ndarray:
+        """bool[num_envs]: lanes whose episode ends before the next extend (the writer's)."""
+        return self._writer.cut
 
     # ------------------------------------------------------------------ construction
-    def _checked_place(self, backing: Any, device: Any, path: Any) -> tuple[Path | None, bool]:
-        """Refuse a backing, device and path that do not go together; returns the absolute
-        path (or None) and whether a stream there resumes (refusing what is no stream)."""
-        dev = resolve_device(device, "device", allow_none=False)
-        if isinstance(backing, FrameCompression):
-            if path is not None or dev.type != "cpu":
-                raise ValueError(
-                    f"backing: compressed frames live in host RAM (no path, device 'cpu'), got "
-                    f"path={path!r}, device={str(device)!r}; deliver batches to a GPU with "
-                    "ReplayBuffer(device=...)"
-                )
-            if not frame_fields(self.slot_spec, self.obs_keys):
-                raise ValueError(
-                    f"backing: FrameCompression compresses uint8 pixel obs fields (2+ dims), but "
-                    f"the obs fields are {[self.slot_spec[k].describe() for k in self.obs_keys]}; "
-                    "use backing='ram'"
-                )
-        elif backing == "disk":
-            if path is None:
-                raise ValueError("path: backing='disk' needs a directory path, got None")
-            if dev.type != "cpu":
-                raise ValueError(
-                    f"device: a disk backing lives on the CPU, got {str(device)!r}; deliver "
-                    "batches to a device with ReplayBuffer(device=...)"
-                )
-        elif backing != "ram" and not callable(backing):
-            raise ValueError(f"backing: expected 'ram', 'disk' or a factory, got {backing!r}")
-        if path is None or backing == "ram":
-            return None, False
-        path = Path(path).absolute()
-        return path, books.check_dir(path)
-
     def _new_lanes(self, slots: tuple[np.ndarray, np.ndarray] | None = None) -> Lanes:
-        self.lanes = Lanes(
+        return Lanes(
             self.num_envs, self.lane_capacity, self.reads.n_step, self.reads.frame_stack, slots
         )
-        return self.lanes
-
-    def _open_backing(
-        self, backing: Any, device: Any, path: Path | None, resume: bool, overcommit: bool
-    ) -> Any:
-        if isinstance(backing, FrameCompression):
-            keys = frame_fields(self.slot_spec, self.obs_keys)
-            return FrameBacking(self.slot_spec, self._new_lanes(), backing, keys, overcommit)
-        if path is None:
-            self._new_lanes()
-        if backing == "ram":
-            return TensorStorage(self.slot_spec, self.capacity, device, overcommit)
-        if backing == "disk":
-            from rlstash.storage.disk import MemmapStorage
-
-            store = MemmapStorage(self.slot_spec, self.capacity, path, overcommit)
-        else:
-            store = backing(self.slot_spec, self.capacity)
-            if getattr(store, "capacity", None) != self.capacity or store.spec != self.slot_spec:
-                raise ValueError(
-                    f"backing: the factory must return a storage of spec {self.slot_spec!r} and "
-                    f"capacity {self.capacity}, got {store!r}"
-                )
-            if path is None:
-                return store
-        self._log = books.open_books(self, store, path, resume)  # sets self.lanes
-        self._finalizer = weakref.finalize(
-            self, books.close_books, store, self.lanes, self._log, self._durable
-        )
-        return store
-
-    def _sample_spec(self) -> Spec:
-        """Per-row fields of :meth:`read`: stacked obs, next obs, flags, discount, extras."""
-        k, fields = self.reads.frame_stack, {}
-        for name, f in self.slot_spec.items():
-            if name in self.obs_keys:
-                f = Field((k, *f.shape) if k > 1 else f.shape, f.dtype)
-                fields["next_" + name] = f
-            fields[name] = f
-        for name in ("terminated", "truncated", "done"):
-            fields[name] = Field((), torch.bool)
-        fields["discount"] = Field((), torch.float32)
-        return Spec(fields)
 
     def _config(self) -> dict[str, Any]:
         return {
@@ -281,7 +231,7 @@ class StreamStorage:
     def nbytes(self) -> int:
         """Bytes of the backing data plus the per-slot bookkeeping."""
         return self.backing.nbytes + bookkeeping_bytes(
-            self.num_envs, self.capacity, on_disk=self._log is not None
+            self.num_envs, self.capacity, on_disk=self._books is not None
         )
 
     @property
@@ -350,14 +300,14 @@ class StreamStorage:
         Validated in full first (a bad batch writes nothing). Returns the slot indices written,
         in order (same-step autoreset also writes a final-obs slot per ended episode).
         """
-        return write.extend(self, batch)
+        return self._writer.extend(batch)
 
     def open_steps(self, T: int) -> StepSlots | None:
         """Slots for ``T`` next-step steps of all lanes that a collector fills in place, one
         ``[N, ...]`` block of rows per field and step, then commits (``extend`` without the
         batch); None where this stream cannot take them so. See
         :mod:`rlstash.storage.stream_direct`."""
-        return open_steps(self, T)
+        return open_steps(self._writer, T)
 
     def end_episodes(self, envs: Any = None, final_obs: Any = None) -> None:
         """End the current episode of the lanes ``envs`` (all by default; indices or a bool mask).
@@ -371,32 +321,7 @@ class StreamStorage:
         step is dropped and the step before it turns ``truncated``. Called without
         ``final_obs`` before the first extend after a load or a reopen.
         """
-        self._check_open()
-        sel = np.atleast_1d(np.arange(self.num_envs)[slice(None) if envs is None else envs])
-        if final_obs is not None:
-            if not isinstance(final_obs, Mapping):
-                final_obs = {self.obs_keys[0]: final_obs} if len(self.obs_keys) == 1 else final_obs
-            fin = Spec({k: self.spec[k] for k in self.obs_keys}).validate(
-                final_obs, finite=self.check_finite
-            )
-            if len(fin[self.obs_keys[0]]) != sel.size:
-                raise ValueError(
-                    f"final_obs: expected one row per env ended ({sel.size}), "
-                    f"got {len(fin[self.obs_keys[0]])}"
-                )
-            plan = self.lanes.plan_finals(sel)
-            frames = write.newest_frames(self, fin, np.flatnonzero(plan["keep"]))
-            k = plan["rows"].size
-            data = {
-                n: frames[n] if n in frames else torch.zeros((k, *f.shape), dtype=f.dtype)
-                for n, f in self.slot_spec.items()
-            }
-            write.reserve(self, plan["lanes"], 1)
-            self.backing.write(plan["rows"], data, validate=False)
-            self.lanes.commit_finals(plan)
-        self.lanes.end_episodes(sel)
-        self._cut[sel] = False
-        write.committed(self)
+        self._writer.end_episodes(envs, final_obs)
 
     # ------------------------------------------------------------------ reading
     def read(self, index: Index, out: Batch | None = None) -> Batch:
@@ -418,13 +343,13 @@ class StreamStorage:
             )
         if out is not None and any(k not in out for k in self.sample_spec):
             raise ValueError(f"out: missing fields {[k for k in self.sample_spec if k not in out]}")
-        return read_path.rebuild(self, idx, out)
+        return self._reader.rebuild(idx, out)
 
     def gather(self, index: np.ndarray) -> Batch:
         """:meth:`read` of starts a built-in sampler just drew from ``valid`` (an int64 array
         [B]), without re-checking them: the replay buffer's hot path, under its lock."""
         self._check_open()
-        return read_path.rebuild(self, index, None)
+        return self._reader.rebuild(index, None)
 
     # ------------------------------------------------------------------ state and lifecycle
     def state_dict(self) -> dict[str, Any]:
@@ -460,19 +385,19 @@ class StreamStorage:
             state = convert_state(state, self.num_envs, self.lane_capacity)
         check = Lanes(self.num_envs, self.lane_capacity, 1, 1)
         for k in LANE_KEYS:  # every shape checked before anything changes
-            if np.shape(state["lanes"][k]) != getattr(check, k).shape:
+            if np.shape(state["lanes"][k]) != check.arrays()[k].shape:
                 raise ValueError(f"state: lane array {k!r} has the wrong shape")
-        if self._log is not None:  # the slots are replaced: a crash meanwhile leaves none
-            self._log.commit_empty()
+        if self._books is not None:  # the slots are replaced: a crash meanwhile leaves none
+            self._books.commit_empty()
         try:
             self.backing.load_state_dict(state["backing"])
         except BaseException:
-            if self._log is not None:
-                self._log.commit(self.lanes)  # nothing changed: the old lanes count again
+            if self._books is not None:
+                self._books.commit()  # nothing changed: the old lanes count again
             raise
         self.lanes.load(state["lanes"])
-        self._cut[:] = True
-        if self._path is not None:
+        self._writer.cut[:] = True
+        if self._books is not None:
             self.flush()
 
     @classmethod
@@ -488,44 +413,34 @@ class StreamStorage:
             reads=ReadSpec(**cfg["reads"]),
             stacked_input=cfg["stacked_input"],
         )
-        kind = state["backing"].get("kind")
-        if kind == "FrameBacking":
-            store = cls(*args, FrameCompression(**cfg["frames"]), **kw)
+        backing, where, path, load = saved_backing(state, device)
+        store = cls(*args, backing, where, path=path, **kw)
+        if load:
             store.load_state_dict(state)
-            return store
-        if kind == "MemmapStorage":
-            return cls(*args, "disk", path=state["backing"]["path"], **kw)
-        if kind == "TieredStorage" and state["backing"]["cold"].get("kind") == "MemmapStorage":
-            return cls(*args, _tiered_factory(state["backing"], device), path=state["backing"]["cold"]["path"], **kw)  # fmt: skip
-        if kind != "TensorStorage":
-            raise TypeError(f"state: cannot rebuild a {kind} backing")
-        store = cls(*args, "ram", device or state["device"], **kw)
-        store.load_state_dict(state)
         return store
 
     def flush(self) -> None:
         """Disk: sync the data and the lanes, then commit them with a synced record (what a
         power loss keeps)."""
         self._check_open()
-        if self._log is not None:
-            books.persist(self.backing, self.lanes, self._log, self._durable, self._margin)
-        elif hasattr(self.backing, "flush"):
-            self.backing.flush()
+        if self._books is not None:
+            self._books.persist()
+        else:
+            self._reader.rows.flush()
 
     def close(self) -> None:
         """Save (disk) and close the backing (idempotent)."""
-        if self._closed:
+        if self._writer.closed:
             return
         try:
-            if self._path is not None:
+            if self._finalizer is not None:
                 self._finalizer()
         finally:
-            self._closed = True
+            self._writer.closed = True
             self.backing.close()
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("StreamStorage is closed")
+        self._writer.check_open()
 
     def __enter__(self) -> StreamStorage:
         return self
@@ -538,22 +453,6 @@ class StreamStorage:
             f"StreamStorage({self.spec!r}, num_envs={self.num_envs}, capacity={self.capacity}, "
             f"{self.reads}, autoreset={self.autoreset.value!r}, backing={type(self.backing).__name__})"
         )
-
-
-def _tiered_factory(
-    state: Mapping[str, Any], device: str | torch.device | None
-) -> Callable[[Spec, int], Storage]:
-    """Reopens a TieredStorage's disk cold tier under an empty hot tier (on ``device`` or the
-    saved one); the stream's lanes beside it say which slots hold data."""
-    from rlstash.storage.disk import MemmapStorage
-    from rlstash.storage.tiered import TieredStorage
-
-    def make(spec: Spec, capacity: int) -> Storage:
-        hot = TensorStorage(spec, int(state["hot"]["capacity"]), device or state["hot"]["device"])
-        cold = MemmapStorage(spec, capacity, state["cold"]["path"])
-        return TieredStorage(hot, cold, block=int(state["block"]))
-
-    return make
 
 
 register_kind("StreamStorage", lambda state, device: StreamStorage.from_state_dict(state, device))

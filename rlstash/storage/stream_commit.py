@@ -38,15 +38,15 @@ import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from rlstash.atomic import write_atomic
-from rlstash.storage.disk_layout import COMMIT_BYTES, Commit, CommitLog, create_commit_file
-
-if TYPE_CHECKING:
-    from rlstash.storage.stream import StreamStorage
+from rlstash.core import Storage
+from rlstash.storage.disk_layout import COMMIT_BYTES, META, Commit, CommitLog, create_commit_file
+from rlstash.storage.lanes import LANE_KEYS, Lanes
+from rlstash.storage.stream_format import refuse_lane_major
 
 NPZ = "stream.npz"  # the stream's settings (and, written by rlstash before, its lanes)
 LANES_BIN = "lanes.bin"
@@ -193,13 +193,65 @@ def close_books(backing: Any, lanes: Any, log: LaneLog, durable: bool) -> None:
         log.close()
 
 
+class LaneBooks:
+    """The commit records of a disk stream's lanes, beside its data ``backing`` at ``path``:
+    what the stream's writer calls before (:meth:`reserve`) and after (:meth:`committed`) an
+    operation, and :meth:`persist` on flush. ``durable``: the backing's writes reach the page
+    cache at once (a MemmapStorage); otherwise (a TieredStorage over a disk cold tier) the
+    lanes commit only when flushed, vouching for ``margin`` more slots per lane each time."""
+
+    def __init__(
+        self, path: Path, log: LaneLog, lanes: Lanes, backing: Storage, durable: bool, margin: int
+    ) -> None:
+        self.path, self.log, self.lanes, self.backing = path, log, lanes, backing
+        self.durable, self.margin = durable, margin
+
+    def reserve(self, lanes: np.ndarray | None, grow: Any) -> None:
+        """Before ``grow`` slots of each of ``lanes`` (None: all) are written: when they
+        overwrite alive slots not vouched for yet, commit ``reserved = count + grow`` first
+        (reopening drops them, never reads them torn). A backing that reaches the disk only
+        when flushed is flushed and committed instead, vouching for ``margin`` more slots."""
+        books = self.lanes
+        sel = slice(None) if lanes is None else lanes
+        need = books.count[sel] + grow
+        if self.durable:
+            # overwritten slots count - L .. need - L - 1 are alive when need - L > floor
+            if (need > np.maximum(books.reserved[sel], books.floor[sel] + books.L)).any():
+                books.reserved[sel] = np.maximum(books.reserved[sel], need)
+                self.log.commit(books)
+        elif (need > books.reserved[sel]).any():
+            margin = max(self.margin, int(np.max(grow)))
+            persist(self.backing, books, self.log, False, margin)
+
+    def committed(self) -> None:
+        """After an operation completed (its slots and flags written): commit the lanes."""
+        if self.durable:
+            books = self.lanes
+            np.maximum(books.reserved, books.count, out=books.reserved)
+            self.log.commit(books)
+
+    def persist(self) -> None:
+        """Sync the data and the lanes, then commit them with a synced record (flush)."""
+        persist(self.backing, self.lanes, self.log, self.durable, self.margin)
+
+    def commit_empty(self) -> None:
+        """Commit lanes that hold nothing (before the data are replaced wholesale: a load)."""
+        self.log.commit_empty()
+
+    def commit(self) -> None:
+        """Commit the lanes as they are (a load that failed: the old lanes count again)."""
+        self.log.commit(self.lanes)
+
+    def close(self) -> None:
+        """:func:`close_books`: persist, then release the lanes' files (the stream's close
+        or its finalizer)."""
+        close_books(self.backing, self.lanes, self.log, self.durable)
+
+
 # ----------------------------------------------------------------------------- the directory
 def check_dir(path: Path) -> bool:
     """True when ``path`` holds a stream to resume; refuses a plain MemmapStorage and a
     stream saved in another row layout (before anything there is opened)."""
-    from rlstash.storage.disk_layout import META
-    from rlstash.storage.stream_layout import refuse_lane_major
-
     resume = (path / NPZ).exists()
     if resume:
         with np.load(path / NPZ) as z:
@@ -212,50 +264,57 @@ def check_dir(path: Path) -> bool:
     return resume
 
 
-def open_books(stream: StreamStorage, store: Any, path: Path, resume: bool) -> LaneLog:
-    """The lanes' bookkeeping of ``stream`` beside its data ``store`` at ``path``: made new,
-    or (``resume``) reopened at the last commit; a directory of an older rlstash, whose
-    ``stream.npz`` holds the lanes, is moved over to commit records once. Sets the stream's
-    ``lanes`` (on the mapped slot arrays) and commits them synced; closes ``store`` on error."""
+def open_books(
+    backing: Storage,
+    path: Path,
+    resume: bool,
+    config: dict[str, Any],
+    lanes_of: Any,
+    margin: int,
+) -> LaneBooks:
+    """The lanes' bookkeeping beside the data ``backing`` at ``path``: made new, or
+    (``resume``) reopened at the last commit; a directory of an older rlstash, whose
+    ``stream.npz`` holds the lanes, is moved over to commit records once. ``config`` is the
+    stream's settings (checked against, or written to, ``stream.npz``); ``lanes_of(slots)``
+    makes the :class:`Lanes` on the mapped slot arrays ``(flags, ep)``. The lanes are
+    committed synced; ``backing`` is closed on error."""
     from rlstash.storage.disk import MemmapStorage
 
-    stream._path, stream._durable = path, isinstance(store, MemmapStorage)
-    N, L, log = stream.num_envs, stream.lane_capacity, None
+    durable = isinstance(backing, MemmapStorage)
+    N, log = int(config["num_envs"]), None
+    L = int(config["capacity"]) // N
     try:
-        saved = _saved_lanes(path, stream._config()) if resume else None
+        saved = _saved_lanes(path, config) if resume else None
         if not (path / LANES_REC).exists():
             if resume and saved is None:
                 raise _damaged(path / LANES_REC, "it is missing (the lanes' commit records)")
             log = LaneLog.create(path, N, L)
         else:
             log = LaneLog(path, N, L)
-        lanes = stream._new_lanes((log.flags, log.ep))
+        lanes = lanes_of((log.flags, log.ep))
         per_lane = log.read() if resume else None
         if per_lane is not None:
             lanes.restore(per_lane)
         elif saved is not None:
             lanes.load(saved)
             lanes.drop_unvouched()
-        stream._cut[:] = resume  # the envs of the open episodes are gone
-        persist(store, lanes, log, stream._durable, stream._margin)
+        persist(backing, lanes, log, durable, margin)
         if not resume or saved is not None:  # last: the directory is a whole stream now
-            config = np.array(json.dumps(stream._config()))
-            write_atomic(path / NPZ, lambda f: np.savez(f, config=config))
+            settings = np.array(json.dumps(config))
+            write_atomic(path / NPZ, lambda f: np.savez(f, config=settings))
         for stale in path.glob(f".{NPZ}.*"):
             stale.unlink(missing_ok=True)
     except BaseException:
         if log is not None:
             log.close()
-        store.close()
+        backing.close()
         raise
-    return log
+    return LaneBooks(path, log, lanes, backing, durable, margin)
 
 
 def _saved_lanes(path: Path, config: dict[str, Any]) -> dict[str, np.ndarray] | None:
     """Checks the settings in ``stream.npz`` against ``config``; returns the lanes saved there
     by an older rlstash (None when they are in commit records)."""
-    from rlstash.storage.lanes import LANE_KEYS
-
     with np.load(path / NPZ) as z:
         saved = json.loads(str(z["config"]))
         if saved != config:
@@ -268,6 +327,7 @@ __all__ = [
     "LANES_BIN",
     "LANES_REC",
     "NPZ",
+    "LaneBooks",
     "LaneLog",
     "check_dir",
     "close_books",

@@ -23,7 +23,7 @@ while it is rewritten); :meth:`StepSlots.commit` then records the steps as ``ext
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,27 +31,26 @@ from gymnasium.vector import AutoresetMode
 
 from rlstash.finite import check_finite
 from rlstash.storage.ram import numpy_view
-from rlstash.storage.stream_write import committed, host_flags, reserve
-
-if TYPE_CHECKING:
-    from rlstash.storage.stream import StreamStorage
+from rlstash.storage.stream_write import StreamWriter, host_flags
 
 
 class StepSlots:
-    """The slots of ``T`` lockstep steps of every lane, from lane position ``col`` on."""
+    """The slots of ``T`` lockstep steps of every lane, from lane position ``col`` on, in
+    the slot tensors ``tensors`` of ``writer``'s backing."""
 
-    def __init__(self, store: StreamStorage, T: int, col: int) -> None:
-        self.store, self.T, self.col = store, T, col
-        N, L = store.num_envs, store.lane_capacity
-        tensors = store.backing.tensors
-        self._grid = {k: tensors[k].view(L, N, *tensors[k].shape[1:]) for k in store.slot_spec}
+    def __init__(
+        self, writer: StreamWriter, tensors: dict[str, torch.Tensor], T: int, col: int
+    ) -> None:
+        self.writer, self.T, self.col = writer, T, col
+        N, L = writer.num_envs, writer.lane_capacity
+        self._grid = {k: tensors[k].view(L, N, *tensors[k].shape[1:]) for k in writer.slot_spec}
         self._arrays = {k: numpy_view(g) for k, g in self._grid.items()}  # the same memory
         self._open = True
 
     def _pos(self, t: int) -> int:
         if not 0 <= t < self.T:
             raise IndexError(f"t: expected a step in [0, {self.T}), got {t}")
-        return (self.col + t) % self.store.lane_capacity
+        return (self.col + t) % self.writer.lane_capacity
 
     def step(self, t: int) -> dict[str, torch.Tensor]:
         """Step ``t``'s slots of the N lanes: one ``[N, ...]`` view of the rows per field."""
@@ -66,7 +65,7 @@ class StepSlots:
 
     def _filled(self) -> dict[str, torch.Tensor]:
         """The ``T`` steps' rows of each float field, time-major ``[T * N, ...]``."""
-        T, L, col, out = self.T, self.store.lane_capacity, self.col, {}
+        T, L, col, out = self.T, self.writer.lane_capacity, self.col, {}
         for k, g in self._grid.items():  # g: [L, N, ...]
             if g.is_floating_point():
                 part = g[col : col + T] if col + T <= L else torch.cat([g[col:], g[: col + T - L]])
@@ -80,7 +79,7 @@ class StepSlots:
         raises a ValueError naming field, step and env: the steps are not recorded."""
         if not self._open:
             raise RuntimeError("StepSlots.commit: already committed")
-        store, N = self.store, self.store.num_envs
+        writer, N = self.writer, self.writer.num_envs
         shape = (self.T, N)
         for name, v in (("terminated", terminated), ("truncated", truncated)):
             if not isinstance(v, torch.Tensor) or v.dtype != torch.bool or tuple(v.shape) != shape:
@@ -88,17 +87,17 @@ class StepSlots:
                 raise ValueError(
                     f"{name}: expected a bool tensor of shape {list(shape)}, got {got}"
                 )
-        store._check_open()
-        if store.check_finite:  # I10: the filled rows count only if their floats are finite
+        writer.check_open()
+        if writer.check_finite:  # I10: the filled rows count only if their floats are finite
             check_finite(self._filled(), envs=N)
         term, trunc = host_flags(terminated.reshape(-1), truncated.reshape(-1), self.T, N)
-        plan = store.lanes.plan(term, trunc, False)
+        plan = writer.lanes.plan(term, trunc, False)
         if plan["cols"] is None or int(plan["cols"][0]) != self.col:  # pragma: no cover
             raise RuntimeError("StepSlots.commit: the stream was written since open_steps")
         self._open = False
-        store.lanes.commit(plan)
-        committed(store)  # a disk stream commits the lanes: the steps survive a crash now
-        return store.lanes.written_order(plan)
+        writer.lanes.commit(plan)
+        writer.committed()  # a disk stream commits the lanes: the steps survive a crash now
+        return writer.lanes.written_order(plan)
 
 
 class LockedSteps:
@@ -124,31 +123,29 @@ class LockedSteps:
         return index
 
 
-def open_steps(store: StreamStorage, T: int) -> StepSlots | None:
+def open_steps(writer: StreamWriter, T: int) -> StepSlots | None:
     """Slots for ``T`` steps written in place (module docstring), or None where the stream
-    cannot take them so (then collect a batch and ``extend`` it)."""
-    store._check_open()
-    lanes, L = store.lanes, store.lane_capacity
-    tensors = getattr(store.backing, "tensors", None)
+    ``writer`` writes cannot take them so (then collect a batch and ``extend`` it)."""
+    writer.check_open()
+    lanes, L = writer.lanes, writer.lane_capacity
     if (
-        store.autoreset != AutoresetMode.NEXT_STEP
-        or store.stacked_input
-        or store.compression is not None
-        or not tensors
-        or store.device.type != "cpu"
+        writer.autoreset != AutoresetMode.NEXT_STEP
+        or writer.stacked_input
+        or writer.compressed
         or not 1 <= T <= L
-        or set(store.slot_spec) != {*store.obs_keys, "action", "reward"}
-        or any(not t.is_contiguous() for t in tensors.values())
+        or set(writer.slot_spec) != {*writer.obs_keys, "action", "reward"}
     ):
         return None
-    if store._cut.any():  # after a resume or a load: new envs, new episodes (as extend)
-        store.end_episodes(store._cut.copy())
+    tensors = writer.rows.step_tensors()  # None: not contiguous CPU tensors
+    if not tensors:
+        return None
+    writer.start_new_episodes()  # after a resume or a load (as extend)
     start = lanes.count % L
     if not (start == start[0]).all():  # lanes drifted (a final obs of end_episodes)
         return None
-    reserve(store, None, T)  # disk: a commit vouches for these slots
+    writer.reserve(None, T)  # disk: a commit vouches for these slots
     lanes.vacate(T)
-    return StepSlots(store, T, int(start[0]))
+    return StepSlots(writer, tensors, T, int(start[0]))
 
 
 def check_step_fields(
@@ -166,7 +163,9 @@ def check_step_fields(
     for k, v in given.items():
         dst = row[k]
         if not isinstance(v, torch.Tensor) or v.dtype != dst.dtype or v.shape != dst.shape:
-            return f"{k}: {getattr(v, 'dtype', type(v))} {list(getattr(v, 'shape', []))}"
+            if not isinstance(v, torch.Tensor | np.ndarray):
+                return f"{k}: {type(v)} []"
+            return f"{k}: {v.dtype} {list(v.shape)}"
         if v.device != dst.device:
             return f"{k}: on {v.device}"
     return None

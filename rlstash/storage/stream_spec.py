@@ -23,8 +23,7 @@ class ReadSpec:
     frame_stack: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("n_step", "frame_stack"):
-            v = getattr(self, name)
+        for name, v in (("n_step", self.n_step), ("frame_stack", self.frame_stack)):
             if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 255:
                 raise ValueError(f"{name}: expected an int in [1, 255], got {v!r}")
         if not isinstance(self.gamma, (int, float)) or not 0.0 <= float(self.gamma) <= 1.0:
@@ -74,6 +73,21 @@ def slot_spec(spec: Spec | Mapping, frame_stack: int = 1, stacked_input: bool = 
                 )
             f = Field(f.shape[1:], f.dtype)
         fields[name] = f
+    return Spec(fields)
+
+
+def sample_spec(slots: Spec, obs_keys: list[str], frame_stack: int) -> Spec:
+    """Per-row fields of a stream's ``read`` of slots ``slots``: obs stacked ``[k, ...]``,
+    their ``next_`` twins, flags, discount, the other fields as stored."""
+    k, fields = frame_stack, {}
+    for name, f in slots.items():
+        if name in obs_keys:
+            f = Field((k, *f.shape) if k > 1 else f.shape, f.dtype)
+            fields["next_" + name] = f
+        fields[name] = f
+    for name in ("terminated", "truncated", "done"):
+        fields[name] = Field((), torch.bool)
+    fields["discount"] = Field((), torch.float32)
     return Spec(fields)
 
 

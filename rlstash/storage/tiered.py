@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rlstash.core import Index, Storage
+from rlstash.core import Index, PersistentStorage, Storage
 from rlstash.device import CudaOps
 from rlstash.indices import normalize_index
 from rlstash.memory import check_host_state
@@ -79,8 +79,12 @@ class TieredStorage:
         self._owner = np.full(hot.capacity, -1, np.int64)  # hot slot -> logical row, -1: free
         self._next = 0  # next hot slot
         self._staging: Batch = {}  # pinned host buffers for cold rows bound to CUDA
-        self._cursor, self._size = int(getattr(cold, "cursor", 0)), int(getattr(cold, "size", 0))
-        self._extra: dict[str, Any] = dict(getattr(cold, "extra", None) or {})
+        # a cold tier that keeps the writer position with its rows (disk) resumes from it
+        self._persistent = isinstance(cold, PersistentStorage)
+        self._cursor, self._size, self._extra = 0, 0, {}
+        if self._persistent:
+            self._cursor, self._size = int(cold.cursor), int(cold.size)
+            self._extra: dict[str, Any] = dict(cold.extra or {})
         self._closed = False
 
     @staticmethod
@@ -226,7 +230,7 @@ class TieredStorage:
     def valid(self) -> np.ndarray | None:
         """The cold tier's torn-row mask after a crash (rows it may hold half-written), or
         None. Conservative: a row rewritten since sits whole in the hot tier meanwhile."""
-        return getattr(self.cold, "valid", None)
+        return self.cold.valid if self._persistent else None
 
     def set_cursor(self, cursor: int, size: int, extra: Mapping[str, Any] | None = None) -> None:
         """Record the writer position; it reaches a disk cold tier at the next :meth:`flush`."""
@@ -249,9 +253,8 @@ class TieredStorage:
         """Copy the hot rows down, pass the writer position on, and flush the cold tier."""
         self._check_open()
         self._copy_down()
-        if hasattr(self.cold, "set_cursor"):
+        if self._persistent:
             self.cold.set_cursor(self._cursor, self._size, self._extra)
-        if hasattr(self.cold, "flush"):
             self.cold.flush()
 
     def state_dict(self) -> dict[str, Any]:
@@ -298,7 +301,7 @@ class TieredStorage:
         if self._closed:
             return
         try:
-            if hasattr(self.cold, "flush"):
+            if self._persistent:
                 self.flush()
         finally:
             self._closed = True
