@@ -47,6 +47,16 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def describe_value(value: Any) -> str:
+    """What came, for an error message: ``Tensor float32 [2, 3]``, ``ndarray bool (4,)``, else
+    the type's name."""
+    if isinstance(value, torch.Tensor):
+        return f"Tensor {dtype_name(value.dtype)} {list(value.shape)}"
+    if isinstance(value, np.ndarray | np.generic):
+        return f"{type(value).__name__} {value.dtype} {value.shape}"
+    return type(value).__name__
+
+
 def parse_dtype(value: str | torch.dtype | np.dtype | type) -> torch.dtype:
     """A torch dtype from a torch dtype, a numpy dtype or a name such as ``"uint8"``."""
     if isinstance(value, torch.dtype):

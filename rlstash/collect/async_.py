@@ -58,6 +58,7 @@ from rlstash.envs import config
 from rlstash.envs.cpus import usable_cpus
 from rlstash.envs.errors import RestartEvent
 from rlstash.envs.launch import child_environ, default_start_method
+from rlstash.ratelimit import RateLimiter
 
 
 class AsyncBatch(dict):
@@ -331,9 +332,9 @@ def _steps(frames_per_batch: Any, n: int) -> int:
 
 
 def _check_limiter(limiter: Any) -> None:
-    if limiter is not None and not callable(getattr(limiter, "wait_insert", None)):
+    if limiter is not None and not isinstance(limiter, RateLimiter):
         raise TypeError(
-            f"rate_limiter: expected a RateLimiter (with wait_insert), got {type(limiter).__name__}"
+            f"rate_limiter: expected a rlstash.RateLimiter, got {type(limiter).__name__}"
         )
 
 

@@ -27,6 +27,7 @@ from rlstash.collect.async_layout import EXTRAS_BYTES, HEADER_EXTRAS, HEADER_SEQ
 from rlstash.core import PolicyWeights
 from rlstash.device import torch_dtype
 from rlstash.envs.shm import SharedArrays
+from rlstash.spec import describe_value, dtype_name
 
 Path = tuple[str, ...]
 LOAD_TIMEOUT = 10.0  # seconds a reader retries while the writer keeps writing
@@ -126,12 +127,14 @@ class SharedWeights:
         tensors = []
         for path, shape, dtype, _ in self.spec["tensors"]:
             t = leaves[path]
-            got_dtype = str(getattr(t, "dtype", type(t).__name__)).removeprefix("torch.")
-            if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or got_dtype != dtype:
-                got = f"{list(getattr(t, 'shape', ()))} {got_dtype}"
+            if (
+                not isinstance(t, torch.Tensor)
+                or tuple(t.shape) != shape
+                or dtype_name(t.dtype) != dtype
+            ):
                 raise ValueError(
                     f"state_dict[{_name(path)!r}]: expected a tensor of shape {list(shape)} "
-                    f"{dtype} (the workers' policy), got {got}"
+                    f"{dtype} (the workers' policy), got {describe_value(t)}"
                 )
             tensors.append(t.detach())
         extras = pickle.dumps([leaves[p] for p in self.spec["others"]])

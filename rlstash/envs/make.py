@@ -189,12 +189,14 @@ def resolve_backend(
 def describe_env(env_id: str, backend: str, why: str, env: Any = None) -> str:
     """The start-up line of a run's env: its id, the backend that runs it and why, and how
     (``env``: the vectorized env, a ProcessPoolVectorEnv's layout or EnvPool's version)."""
+    from rlstash.envs.process_pool import ProcessPoolVectorEnv
+
     how = ""
     if backend == "envpool":
         from rlstash.envs.envpool_env import import_envpool
 
         how = f", EnvPool {import_envpool().__version__} C++ envs"
-    elif env is not None and hasattr(env, "num_workers"):
+    elif isinstance(env, ProcessPoolVectorEnv):  # its layout
         how = f", {env!r}"
     return f"env: {env_id} from {backend} ({why}{how})"
 

@@ -27,8 +27,8 @@ import torch
 
 from rlstash.core import Index, PersistentStorage, Storage
 from rlstash.spec import Batch
+from rlstash.storage.arrays import ArrayStorage, numpy_view
 from rlstash.storage.frame_backing import FrameBacking
-from rlstash.storage.ram import ArrayStorage, numpy_view
 
 
 class SlotRows(Protocol):
@@ -78,7 +78,7 @@ class _Rows:
 
 
 class ArrayRows(_Rows):
-    """Rows of an :class:`~rlstash.storage.ram.ArrayStorage` (TensorStorage, MemmapStorage):
+    """Rows of an :class:`~rlstash.storage.arrays.ArrayStorage` (TensorStorage, MemmapStorage):
     one gather per field from its tensors."""
 
     storage: ArrayStorage

@@ -35,6 +35,7 @@ from rlstash.envs.make import EnvInfo, is_batched, make_eval_env, make_vec_env, 
 from rlstash.ratelimit import RateLimiter
 from rlstash.replay import ReplayBuffer
 from rlstash.spec import Spec
+from rlstash.storage.stream import StreamStorage
 from rlstash.train import algos, checkpoint, offline, onpolicy, ray_run, run_memory, video
 from rlstash.train.config import STORAGES, TrainConfig
 from rlstash.train.run import Learning, Run, make_run_dir, step_spec
@@ -314,8 +315,8 @@ def describe_memory(rb: ReplayBuffer, agent: Any) -> str:
     lines = [
         f"replay buffer: {type(rb.storage).__name__}, {rb.capacity} slots, {human_bytes(rb.storage.nbytes)} on {rb.storage.device}"
     ]
-    plan = getattr(getattr(rb.storage, "backing", None), "plan", None)
-    if plan is not None:
+    plan = rb.storage.plan if isinstance(rb.storage, StreamStorage) else None
+    if plan is not None:  # the stream's: its backing's fields and its lanes' bookkeeping
         lines.append(plan.format_table())
     nets = agent.nets
     lines.append(

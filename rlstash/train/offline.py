@@ -57,7 +57,7 @@ def _check_spaces(cfg: Any, ds: Any, info: Any) -> None:
     """A ValueError when the dataset's spaces are not the env's (shapes and action kind)."""
 
     def kinds(obs: Any, act: Any) -> tuple:
-        return getattr(obs, "shape", None), type(act).__name__, getattr(act, "shape", None)
+        return obs.shape, type(act).__name__, act.shape
 
     if kinds(ds.observation_space, ds.action_space) != kinds(info.obs_space, info.act_space):
         raise ValueError(
@@ -94,8 +94,8 @@ class OfflineLearning(Learning):
                 f"dataset: --algo {cfg.algo} learns offline from a dataset; give --dataset NAME "
                 f"(a local Minari dataset id)"
             )
-        for name in ("ray", "history"):
-            if getattr(cfg, name):
+        for name, value in (("ray", cfg.ray), ("history", cfg.history)):
+            if value:
                 raise ValueError(f"{name}: not used by offline --algo {cfg.algo}; drop it")
 
     def place(self, cfg: Any, device: torch.device) -> Any:
