@@ -49,6 +49,15 @@ _EXPORTS: dict[str, str] = {
     "AsyncCollector": "rlstash.collect.async_",
     "RayCollector": "rlstash.collect.ray",  # Ray itself is imported only when one is built
     "RayActorFailedError": "rlstash.collect.ray",
+    # multi-agent: the layout, VMAS (an optional extra), per-agent rollouts, MAPPO/IPPO
+    "MultiAgentVectorEnv": "rlstash.envs.multiagent",
+    "MultiAgentStep": "rlstash.envs.multiagent",
+    "VmasVectorEnv": "rlstash.envs.vmas",  # VMAS itself is imported only when one is built
+    "MultiAgentCollector": "rlstash.collect.multiagent",
+    "MultiAgentRollout": "rlstash.storage.marl_rollout",
+    "MAPPO": "rlstash.agents.mappo",
+    "MAPPOConfig": "rlstash.agents.mappo",
+    "IPPOConfig": "rlstash.agents.mappo",
     # agents
     "DQN": "rlstash.agents.dqn",
     "DQNConfig": "rlstash.agents.dqn",
@@ -87,8 +96,15 @@ __all__ = [
     "transitions_from_windows",
     "IndexRangeError",
     "InsufficientMemoryError",
+    "IPPOConfig",
+    "MAPPO",
+    "MAPPOConfig",
     "MemmapStorage",
     "MemoryPlan",
+    "MultiAgentCollector",
+    "MultiAgentRollout",
+    "MultiAgentStep",
+    "MultiAgentVectorEnv",
     "PPO",
     "PPOConfig",
     "PrioritizedSampler",
@@ -109,6 +125,7 @@ __all__ = [
     "TieredStorage",
     "TrainConfig",
     "UniformSampler",
+    "VmasVectorEnv",
     "WorkerFailedError",
     "from_rsl_rl",
     "obs_shapes",
@@ -136,12 +153,16 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.agents.base import read_metrics
     from rlstash.agents.dict_obs import obs_shapes
+    from rlstash.agents.mappo import MAPPO, IPPOConfig, MAPPOConfig
+    from rlstash.collect.multiagent import MultiAgentCollector
     from rlstash.collect.ray import RayActorFailedError, RayCollector
     from rlstash.collect.sync import Collector
     from rlstash.device import Delivery
     from rlstash.envs.errors import WorkerFailedError
+    from rlstash.envs.multiagent import MultiAgentStep, MultiAgentVectorEnv
     from rlstash.envs.process_pool import ProcessPoolVectorEnv
     from rlstash.envs.rsl_rl import from_rsl_rl
+    from rlstash.envs.vmas import VmasVectorEnv
     from rlstash.indices import IndexRangeError
     from rlstash.memory import InsufficientMemoryError, MemoryPlan, plan
     from rlstash.ratelimit import RateLimiter
@@ -150,6 +171,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.spec import Field, Spec
     from rlstash.storage.disk import MemmapStorage
     from rlstash.storage.frames import FrameCompression
+    from rlstash.storage.marl_rollout import MultiAgentRollout
     from rlstash.storage.ram import TensorStorage
     from rlstash.storage.rollout import RolloutStorage
     from rlstash.train.config import TrainConfig

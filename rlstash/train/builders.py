@@ -35,7 +35,7 @@ from rlstash.envs.make import EnvInfo, is_batched, make_eval_env, make_vec_env, 
 from rlstash.ratelimit import RateLimiter
 from rlstash.replay import ReplayBuffer
 from rlstash.spec import Spec
-from rlstash.train import algos, checkpoint, onpolicy, ray_run, run_memory, video
+from rlstash.train import algos, checkpoint, marl, onpolicy, ray_run, run_memory, video
 from rlstash.train.config import STORAGES, TrainConfig
 from rlstash.train.run import Learning, Run, make_run_dir, step_spec
 
@@ -56,6 +56,8 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
     What differs between off- and on-policy algorithms is the :class:`Learning` of the store
     their registry entry names (:attr:`rlstash.train.algos.Algo.store`)."""
     learning = LEARNING[algos.ALGOS[cfg.algo].store]
+    if learning.name == "multiagent":  # MAPPO/IPPO: their own env, rollout and collector
+        return marl.build_run(cfg, run_dir, state)
     if cfg.ray:
         ray_run.check(cfg)
     torch.set_num_threads(cfg.torch_threads)
@@ -197,7 +199,11 @@ class ReplayLearning(Learning):
 
 
 REPLAY = ReplayLearning()
-LEARNING: dict[str, Learning] = {"replay": REPLAY, "rollout": onpolicy.ROLLOUT}
+LEARNING: dict[str, Learning] = {
+    "replay": REPLAY,
+    "rollout": onpolicy.ROLLOUT,
+    "multiagent": marl.MULTIAGENT,
+}
 """Store name (:attr:`rlstash.train.algos.Algo.store`) -> the :class:`Learning` of its runs."""
 
 

@@ -103,10 +103,19 @@ class TrainConfig:
     # what to train
     algo: str = s(
         "dqn",
-        "Algorithm: dqn, sac (continuous or discrete, by the env's actions), td3 or ppo (both).",
+        "Algorithm: dqn, sac (continuous or discrete, by the env's actions), td3 or ppo (both); "
+        "mappo or ippo (multi-agent vmas/<scenario> envs).",
         group="run",
     )
-    env: str = s("CartPole-v1", "Gymnasium env id.", group="run")
+    env: str = s(
+        "CartPole-v1",
+        "Gymnasium env id (vmas/<scenario>: a VMAS multi-agent scenario).",
+        group="run",
+    )
+    env_kwargs: str = s(
+        "", "Env keyword arguments as a JSON object (vmas/<scenario>: scenario settings over "
+        "BenchMARL's task config, e.g. '{\"n_agents\": 4}').", group="run"
+    )  # fmt: skip
     steps: int | None = s(
         None,
         "Env steps at most; the run stops earlier once evaluations stay at --threshold "
