@@ -12,8 +12,8 @@ of ended envs, rounds interleaved (VMAS stepped by hand, rlstash's MultiAgentCol
 MultiAgentRollout, TorchRL's SyncDataCollector over VmasEnv), medians; bytes per env step of
 rlstash's rollout vs TorchRL's collected batch (obs and next obs per agent).
 
-``learn``: one process per (side, seed), interleaved (benchmarl s0, rlstash s0, benchmarl s1,
-...), both with BenchMARL's defaults (6,000 frames per batch from 10 envs, minibatch 400, 45
+``learn``: one process per (side, seed); per seed the two sides run side by side (same
+machine load), seeds one after the other; both with BenchMARL's defaults (6,000 frames per batch from 10 envs, minibatch 400, 45
 passes, lr 5e-5, [256, 256] tanh MLPs, tanh-normal, shared parameters; rlstash without the
 agent-id input, which BenchMARL does not have), one torch thread each, evaluation every 12,000
 frames (deterministic, 10 episodes; BenchMARL also evaluates after its first batch). Training
@@ -228,23 +228,45 @@ def cmd_one(args: argparse.Namespace) -> None:
 
 
 def cmd_learn(args: argparse.Namespace) -> None:
+    """Per seed, BenchMARL and rlstash side by side (two processes started together, so both
+    see the same machine load), seeds one after the other."""
     RESULTS.mkdir(exist_ok=True)
     for seed in args.seeds:
+        procs = []
         for side in ("benchmarl", "rlstash"):
             out = RESULTS / f"marl-{args.algo}-{args.task}-{side}-s{seed}.json"
             cmd = [sys.executable, __file__, "one", "--side", side, "--task", args.task,
                    "--algo", args.algo, "--seed", str(seed), "--frames", str(args.frames),
                    "--out", str(out)]  # fmt: skip
             print(" ".join(cmd), flush=True)
-            subprocess.run(cmd, check=False)
+            procs.append(subprocess.Popen(cmd))
+        for proc in procs:
+            proc.wait()
 
 
 def cmd_report(args: argparse.Namespace) -> None:
+    """Print the learning curves and the collection numbers as markdown tables."""
     runs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("marl-*-s*.json"))]
+    lines = ["| side | algo | task | seed | frames | train s | eval reward |", "|---" * 7 + "|"]
     for r in runs:
-        print(f"{r['side']} {r['algo']} {r['task']} s{r['seed']} wall {r['wall_seconds']:.0f}s")
         for c in r["curve"]:
-            print(f"  {c['frames']:>7} {c['train_seconds']:8.1f}s {c['eval_reward']:.3f}")
+            lines.append(f"| {r['side']} | {r['algo']} | {r['task']} | {r['seed']} | "
+                         f"{c['frames']:,} | {c['train_seconds']:.0f} | {c['eval_reward']:.3f} |")  # fmt: skip
+    for r in runs:
+        lines.append(f"\n{r['side']} s{r['seed']}: {r['frames']:,} frames, whole run "
+                     f"{r['wall_seconds']:.0f} s wall")  # fmt: skip
+    path = RESULTS / "marl-collect.json"
+    if path.exists():
+        c = json.loads(path.read_text())
+        m = c["median"]
+        lines += ["", f"collection, VMAS navigation {c['envs']:,} envs x 3 agents, {c['steps']} "
+                  f"steps, median of {c['rounds']} rounds (env steps/s):", "",
+                  "| VMAS alone | rlstash | TorchRL SyncDataCollector | rlstash / VMAS | "
+                  "rlstash / TorchRL |", "|---|---|---|---|---|",
+                  f"| {m['vmas']:,.0f} | {m['rlstash']:,.0f} | {m['torchrl']:,.0f} | "
+                  f"{m['rlstash'] / m['vmas']:.2f}x | {m['rlstash'] / m['torchrl']:.2f}x |",
+                  "", f"bytes per env step: {c['bytes_per_env_step']}"]  # fmt: skip
+    print("\n".join(lines))
 
 
 def main() -> None:
