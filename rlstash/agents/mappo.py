@@ -286,11 +286,11 @@ class MAPPO:
         return dict(zip(METRICS, (total / max(count, 1)).unbind()))
 
     def check_finite(self, metrics: Mapping[str, Any] | None = None, params: bool = False) -> None:
-        """Raise :class:`~rlstash.finite.NonFiniteError` when a metric of the latest update (or,
-        with ``params``, a weight) is NaN or +-inf (one host read)."""
+        """Raise :class:`~rlstash.finite.NonFiniteError` when a loss metric (:data:`METRICS`) of
+        the latest update (or, with ``params``, a weight) is NaN or +-inf (one host read)."""
         from rlstash.finite import NonFiniteError
 
-        ts = [v for v in (metrics or {}).values() if isinstance(v, torch.Tensor)]
+        ts = [v for k, v in (metrics or {}).items() if k in METRICS and isinstance(v, torch.Tensor)]
         if params:
             ts += [self.actor_opt.flat.param, self.critic_opt.flat.param]
         if not ts or bool(torch.stack([torch.isfinite(t).all() for t in ts]).all()):

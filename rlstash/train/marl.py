@@ -162,6 +162,7 @@ class MultiAgentLearning(Learning):
             run.step += run.frames_per_collect
             stats = run.collector.stats
             per_agent = stats.total / stats.episodes.clamp_min(1)  # [A], read when logged
+            per_agent = torch.where(stats.episodes > 0, per_agent, float("nan"))  # none yet
             metrics.update({f"return_{a}": per_agent[i] for i, a in enumerate(names)})
             return metrics
 

@@ -34,6 +34,8 @@ def test_a_short_run_evaluates_checkpoints_and_resumes(tmp_path: Path, algo: str
     assert {"return_agent_0", "return_agent_2", "policy_loss", "value_loss"} <= set(header)
     evals = list(csv.DictReader((run / "eval.csv").open()))
     assert [int(r["step"]) for r in evals] == [40, 80]
+    if algo == "ippo":
+        return  # resume is the same code for both: once is enough (keeps the file fast)
     out = _train(tmp_path, "--resume", str(run), "--steps", "120")
     assert out.returncode != 0 and "--resume" in out.stderr  # settings come from the run
     out = subprocess.run([sys.executable, "-m", "rlstash", "train", "--resume", str(run)],
