@@ -51,6 +51,15 @@ _EXPORTS: dict[str, str] = {
     "AsyncCollector": "rlstash.collect.async_",
     "RayCollector": "rlstash.collect.ray",  # Ray itself is imported only when one is built
     "RayActorFailedError": "rlstash.collect.ray",
+    # multi-agent: the layout, VMAS (an optional extra), per-agent rollouts, MAPPO/IPPO
+    "MultiAgentVectorEnv": "rlstash.envs.multiagent",
+    "MultiAgentStep": "rlstash.envs.multiagent",
+    "VmasVectorEnv": "rlstash.envs.vmas",  # VMAS itself is imported only when one is built
+    "MultiAgentCollector": "rlstash.collect.multiagent",
+    "MultiAgentRollout": "rlstash.storage.marl_rollout",
+    "MAPPO": "rlstash.agents.mappo",
+    "MAPPOConfig": "rlstash.agents.mappo",
+    "IPPOConfig": "rlstash.agents.mappo",
     # agents
     "DQN": "rlstash.agents.dqn",
     "DQNConfig": "rlstash.agents.dqn",
@@ -100,8 +109,15 @@ __all__ = [
     "transitions_from_windows",
     "IndexRangeError",
     "InsufficientMemoryError",
+    "IPPOConfig",
+    "MAPPO",
+    "MAPPOConfig",
     "MemmapStorage",
     "MemoryPlan",
+    "MultiAgentCollector",
+    "MultiAgentRollout",
+    "MultiAgentStep",
+    "MultiAgentVectorEnv",
     "PPO",
     "PPOConfig",
     "PrioritizedSampler",
@@ -131,6 +147,7 @@ __all__ = [
     "push_to_hub",
     "pull_from_hub",
     "UniformSampler",
+    "VmasVectorEnv",
     "WorkerFailedError",
     "from_rsl_rl",
     "obs_shapes",
@@ -158,13 +175,17 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.agents.base import read_metrics
     from rlstash.agents.dict_obs import obs_shapes
+    from rlstash.agents.mappo import MAPPO, IPPOConfig, MAPPOConfig
+    from rlstash.collect.multiagent import MultiAgentCollector
     from rlstash.collect.ray import RayActorFailedError, RayCollector
     from rlstash.collect.sync import Collector
     from rlstash.device import Delivery
     from rlstash.envs.envpool_env import EnvPoolVectorEnv
     from rlstash.envs.errors import WorkerFailedError
+    from rlstash.envs.multiagent import MultiAgentStep, MultiAgentVectorEnv
     from rlstash.envs.process_pool import ProcessPoolVectorEnv
     from rlstash.envs.rsl_rl import from_rsl_rl
+    from rlstash.envs.vmas import VmasVectorEnv
     from rlstash.hub.client import pull_from_hub, push_to_hub
     from rlstash.indices import IndexRangeError
     from rlstash.memory import InsufficientMemoryError, MemoryPlan, plan
@@ -174,6 +195,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.spec import Field, Spec
     from rlstash.storage.disk import MemmapStorage
     from rlstash.storage.frames import FrameCompression
+    from rlstash.storage.marl_rollout import MultiAgentRollout
     from rlstash.storage.ram import TensorStorage
     from rlstash.storage.rollout import RolloutStorage
     from rlstash.train.config import TrainConfig

@@ -40,6 +40,10 @@ def probe_env(env_id: str, history: int = 0) -> EnvInfo:
     from rlstash.envs.atari import FRAME_STACK, is_atari, make_atari
     from rlstash.envs.registry import make
 
+    if env_id.startswith("vmas/"):  # multi-agent: one agent's spaces (rlstash.train.marl)
+        from rlstash.envs.vmas import probe_spaces
+
+        return EnvInfo(*probe_spaces(env_id), None)
     if history and is_atari(env_id):
         raise ValueError(
             f"history: {env_id} already sees stacks of {FRAME_STACK} frames (Atari preprocessing); "

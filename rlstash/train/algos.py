@@ -24,6 +24,8 @@ import torch
 
 from rlstash.agents.dqn import DQN, DQNConfig
 from rlstash.agents.iql import IQL, IQLConfig
+from rlstash.agents.mappo import IPPOConfig, MAPPOConfig
+from rlstash.agents.mappo import build_agent as build_marl_agent
 from rlstash.agents.ppo import PPO, PPOConfig
 from rlstash.agents.sac import SAC, SACConfig
 from rlstash.agents.sac_discrete import DiscreteSAC, DiscreteSACConfig
@@ -36,7 +38,7 @@ from rlstash.settings import SettingError, field_values
 from rlstash.train.config import ALGOS, LOOP_SETTINGS, RUN_DEFAULTS, TrainConfig
 
 ACTION_KINDS = ("discrete", "continuous")
-STORES = ("replay", "rollout", "offline")
+STORES = ("replay", "rollout", "offline", "multiagent")
 DEFAULT_STEPS = 100_000
 """A run's env steps when ``steps`` is not given (an on-policy algorithm counts them in
 rollouts of its preset: :func:`rollout_budget`); the run stops earlier at the threshold."""
@@ -330,3 +332,24 @@ register(
         store="offline",
     )
 )
+
+# MAPPO and IPPO (store "multiagent": rlstash.train.marl): BenchMARL's defaults in the agent
+# configs; its evaluation every 12,000 frames here (BenchMARL: 120,000) for a learning curve
+_VMAS = dict(eval_every=12_000, eval_episodes=10, checkpoint_every=60_000)
+for _name, _cfg, _help in (
+    ("mappo", MAPPOConfig, "MAPPO (multi-agent: vmas/<scenario>; centralised critic)"),
+    ("ippo", IPPOConfig, "IPPO (multi-agent: vmas/<scenario>; per-agent critic)"),
+):
+    register(
+        Algo(
+            _name,
+            {
+                "discrete": Learner(_cfg, build_marl_agent),
+                "continuous": Learner(_cfg, build_marl_agent),
+            },
+            loop=dict.fromkeys(LOOP_SETTINGS),
+            presets={"vmas/navigation": dict(_VMAS), "vmas/balance": dict(_VMAS)},
+            help=_help,
+            store="multiagent",
+        )
+    )

@@ -36,7 +36,7 @@ from rlstash.ratelimit import RateLimiter
 from rlstash.replay import ReplayBuffer
 from rlstash.spec import Spec
 from rlstash.storage.stream import StreamStorage
-from rlstash.train import algos, checkpoint, offline, onpolicy, ray_run, run_memory, video
+from rlstash.train import algos, checkpoint, marl, offline, onpolicy, ray_run, run_memory, video
 from rlstash.train.config import STORAGES, TrainConfig
 from rlstash.train.run import Learning, Run, make_run_dir, step_spec
 
@@ -57,6 +57,8 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
     What differs between off- and on-policy algorithms is the :class:`Learning` of the store
     their registry entry names (:attr:`rlstash.train.algos.Algo.store`)."""
     learning = LEARNING[algos.ALGOS[cfg.algo].store]
+    if learning.name == "multiagent":  # MAPPO/IPPO: their own env, rollout and collector
+        return marl.build_run(cfg, run_dir, state)
     if cfg.ray:
         ray_run.check(cfg)
     torch.set_num_threads(cfg.torch_threads)
@@ -213,8 +215,11 @@ class ReplayLearning(Learning):
 
 REPLAY = ReplayLearning()
 LEARNING: dict[str, Learning] = {
-    "replay": REPLAY, "rollout": onpolicy.ROLLOUT, "offline": offline.OFFLINE,
-}  # fmt: skip
+    "replay": REPLAY,
+    "rollout": onpolicy.ROLLOUT,
+    "offline": offline.OFFLINE,
+    "multiagent": marl.MULTIAGENT,
+}
 """Store name (:attr:`rlstash.train.algos.Algo.store`) -> the :class:`Learning` of its runs."""
 
 

@@ -104,10 +104,18 @@ class TrainConfig:
     algo: str = s(
         "dqn",
         "Algorithm: dqn, sac (continuous or discrete, by the env's actions), td3 or ppo (both); "
-        "offline from --dataset: iql or td3_bc.",
+        "offline from --dataset: iql or td3_bc; mappo or ippo (multi-agent vmas/<scenario> envs).",
         group="run",
     )
-    env: str = s("CartPole-v1", "Gymnasium env id.", group="run")
+    env: str = s(
+        "CartPole-v1",
+        "Gymnasium env id (vmas/<scenario>: a VMAS multi-agent scenario).",
+        group="run",
+    )
+    env_kwargs: str = s(
+        "", "Env keyword arguments as a JSON object (vmas/<scenario>: scenario settings over "
+        "BenchMARL's task config, e.g. '{\"n_agents\": 4}').", group="run"
+    )  # fmt: skip
     dataset: str = s(
         "",
         "A local Minari dataset id (needs rlstash[minari]): offline algorithms (iql, td3_bc) "

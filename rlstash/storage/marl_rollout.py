@@ -1,0 +1,186 @@
+"""MultiAgentRollout: one on-policy rollout of T steps of E envs of A agents, [T, E, A, ...].
+
+The per-agent experience of MAPPO and IPPO (:mod:`rlstash.agents.mappo`), for one group of
+agents with identical spaces (:mod:`rlstash.envs.multiagent`), filled one step at a time on the
+env's device, planned to the byte before anything is allocated (invariant I2)::
+
+    rollout = MultiAgentRollout(steps=T, num_envs=E, n_agents=A, obs_dim=18,
+                                action_shape=(2,), device=env.device)
+    rollout.start(first_step)                       # row 0's observations (a MultiAgentStep)
+    for t in range(T):
+        rollout.put(t, action, logp, step, final_value)   # what action t led to
+    # advantages: rlstash.agents.mappo.rollout_advantages
+
+=============== ================== ==========================================================
+field           shape              meaning
+=============== ================== ==========================================================
+obs             [T + 1, E, A, D]   row t: what action t was taken from (flattened per agent;
+                                   a dict observation's keys concatenated in sorted order);
+                                   row T: the observation after the last step
+state           [T + 1, E, S]      the env's global state, where it has one (else absent)
+action          [T, E, A, ...]     what the policy stored (the pre-tanh sample of a tanh-normal
+                                   policy; int64 indices for discrete actions)
+logp            [T, E, A] float32  the behaviour policy's log-probability of ``action``
+reward          [T, E, A] float32  per agent (a team reward repeats the same value)
+terminated      [T, E, A] bool     the agent's episode ended for good at t (no bootstrap)
+cont            [T, E, A] bool     row t + 1 continues row t's episode for that agent
+mask            [T, E, A] bool     the agent acted at t: rows with False weigh 0 in the loss
+final_value     [T, E, A] float32  V(final observation) where the env's episode ended at t
+                                   (written by the collector: the critic at collection time is
+                                   the one the update starts from, so each final observation
+                                   is evaluated once and never stored)
+action_mask     [T, E, A, n] bool  available discrete actions (when the env has masks)
+=============== ================== ==========================================================
+
+Each observation is stored once: row t + 1 is step t's next observation; the final
+observation of an ended episode enters only through its value. A naive copy (obs and next obs
+per agent) holds ``2 * D`` floats per agent-step; here it is ``D (T + 1) / T + 1``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlstash.memory import check_needs
+
+_PER_AGENT = ("logp", "reward", "terminated", "cont", "mask", "final_value")
+
+
+class MultiAgentRollout:
+    """[T, E, A] rollout storage of one agent group (module docstring)."""
+
+    def __init__(
+        self,
+        steps: int,
+        num_envs: int,
+        n_agents: int,
+        obs_dim: int,
+        action_shape: tuple[int, ...] = (),
+        action_dtype: torch.dtype = torch.float32,
+        state_dim: int | None = None,
+        n_action_mask: int | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        for name, value in (("steps", steps), ("num_envs", num_envs), ("n_agents", n_agents),
+                            ("obs_dim", obs_dim)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        self.steps, self.num_envs, self.n_agents, self.obs_dim = steps, num_envs, n_agents, obs_dim
+        self.action_shape, self.action_dtype = tuple(action_shape), action_dtype
+        self.state_dim, self.n_action_mask = state_dim, n_action_mask
+        self.device = torch.device(device)
+        plan = self.plan_bytes(
+            steps, num_envs, n_agents, obs_dim, self.action_shape, action_dtype, state_dim,
+            n_action_mask,
+        )  # fmt: skip
+        check_needs(  # refused before anything is allocated (invariant I2)
+            f"a MultiAgentRollout of {steps:,} steps x {num_envs:,} envs x {n_agents} agents",
+            {str(self.device): plan},
+            "fewer steps per rollout or fewer envs (rlstash train --envs)",
+        )
+        T, E, A = steps, num_envs, n_agents
+
+        def alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=self.device)
+
+        self.obs = alloc((T + 1, E, A, obs_dim), torch.float32)
+        self.state = None if state_dim is None else alloc((T + 1, E, state_dim), torch.float32)
+        self.action = alloc((T, E, A, *self.action_shape), action_dtype)
+        self.logp = alloc((T, E, A), torch.float32)
+        self.reward = alloc((T, E, A), torch.float32)
+        self.terminated, self.cont = alloc((T, E, A), torch.bool), alloc((T, E, A), torch.bool)
+        self.mask = alloc((T, E, A), torch.bool)
+        self.final_value = alloc((T, E, A), torch.float32)
+        self.action_mask = (
+            None if n_action_mask is None else alloc((T, E, A, n_action_mask), torch.bool)
+        )
+
+    @staticmethod
+    def plan_bytes(
+        steps: int, num_envs: int, n_agents: int, obs_dim: int,
+        action_shape: tuple[int, ...] = (), action_dtype: torch.dtype = torch.float32,
+        state_dim: int | None = None, n_action_mask: int | None = None,
+    ) -> dict[str, int]:  # fmt: skip
+        """Exact bytes of the tensors a rollout of these sizes allocates, by field."""
+        T, E, A = steps, num_envs, n_agents
+        act = 1
+        for s in action_shape:
+            act *= int(s)
+        out = {
+            "obs": (T + 1) * E * A * obs_dim * 4,
+            "action": T * E * A * act * torch.empty((), dtype=action_dtype).element_size(),
+            "per-agent floats (logp, reward, final_value)": 3 * 4 * T * E * A,
+            "flags (terminated, cont, mask)": 3 * T * E * A,
+        }
+        if state_dim is not None:
+            out["state"] = (T + 1) * E * state_dim * 4
+        if n_action_mask is not None:
+            out["action_mask"] = T * E * A * n_action_mask
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the rollout's tensors."""
+        ts = [self.obs, self.state, self.action, self.action_mask,
+              *(getattr(self, n) for n in _PER_AGENT)]  # fmt: skip
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+    @property
+    def frames(self) -> int:
+        """Env steps per rollout: T * E."""
+        return self.steps * self.num_envs
+
+    def start(self, obs: torch.Tensor, state: torch.Tensor | None = None) -> None:
+        """Row 0: the observations [E, A, D] (and state [E, S]) the rollout starts from."""
+        self.obs[0].copy_(obs)
+        if self.state is not None:
+            self.state[0].copy_(state)
+
+    def put(
+        self,
+        t: int,
+        action: torch.Tensor,
+        logp: torch.Tensor,
+        mask: torch.Tensor,
+        reward: torch.Tensor,
+        terminated: torch.Tensor,
+        done: torch.Tensor,
+        next_obs: torch.Tensor,
+        next_state: torch.Tensor | None = None,
+        final_value: torch.Tensor | None = None,
+        action_mask: torch.Tensor | None = None,
+    ) -> None:
+        """Row t: the ``action`` [E, A, ...] taken from row t's observations with ``logp``,
+        which agents acted (``mask``), what came back (``reward``, ``terminated``, ``done`` =
+        terminated or truncated, each [E, A]), and row t + 1's observations ``next_obs``
+        [E, A, D] (the new episode's first after a same-step reset). ``final_value`` [E, A]:
+        V(final observation) where the episode ended at t (0 elsewhere, or None: no episode
+        ended). Whole-tensor copies only: no host read."""
+        self.action[t].copy_(action)
+        self.logp[t].copy_(logp)
+        self.mask[t].copy_(mask)
+        self.reward[t].copy_(reward)
+        self.terminated[t].copy_(terminated)
+        self.cont[t].copy_(~done)
+        self.obs[t + 1].copy_(next_obs)
+        if self.state is not None:
+            self.state[t + 1].copy_(next_state)
+        if final_value is None:
+            self.final_value[t].zero_()
+        else:
+            self.final_value[t].copy_(final_value)
+        if self.action_mask is not None:
+            self.action_mask[t].copy_(action_mask)
+
+    def carry_over(self) -> None:
+        """Start the next rollout from this one's last row (row T becomes row 0)."""
+        self.obs[0].copy_(self.obs[self.steps])
+        if self.state is not None:
+            self.state[0].copy_(self.state[self.steps])
+
+
+def naive_bytes_per_step(n_agents: int, obs_dim: int, act_dim: int) -> int:
+    """Bytes per env step of the naive layout (TorchRL's collector output): obs and next obs
+    per agent, float32 action, log-prob, reward, done, terminated (and the env-level copies
+    TorchRL also keeps are not counted)."""
+    return n_agents * (2 * obs_dim * 4 + act_dim * 4 + 4 + 4 + 2)

@@ -1,0 +1,254 @@
+"""Multi-agent on-policy training (MAPPO, IPPO) on VMAS: ``rlstash train --algo mappo --env
+vmas/navigation``.
+
+::
+
+    env = VmasVectorEnv(scenario, E)                 # torch-batched, on the learner's device
+    rollout = MultiAgentRollout(T, E, A, ...)        # [T, E, A], planned before allocation
+    while step < steps:
+        collector.collect(agent, rollout)            # T steps of E envs, every agent
+        metrics = agent.update(rollout)              # GAE per agent, n_epochs of minibatches
+        rollout.carry_over(); step += T * E
+        evaluate / checkpoint / log at their intervals (rlstash.train.drive)
+
+:data:`MULTIAGENT` is the :class:`~rlstash.train.run.Learning` of the algorithms whose
+registry entry says ``store="multiagent"``; :func:`build_run` builds their run
+(``builders.build_run`` hands such configs here), and the loop, evaluation (deterministic, on
+its own envs), checkpoints, resume and the learning curve are :mod:`rlstash.train.drive`'s.
+Frames count env steps (each with all its agents), as BenchMARL counts them. The scenario's
+settings are BenchMARL's task configs (:data:`VMAS_TASKS`) overridden by ``--env-kwargs``
+(JSON). With ``--envs N`` a rollout keeps the preset's frames (6,000): ``rollout_steps`` becomes
+6000 // N unless given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlstash.agents.mappo import METRICS
+from rlstash.collect.multiagent import MultiAgentCollector
+from rlstash.device import resolve_device as parse_device
+from rlstash.envs.multiagent import action_shape, flat_obs_dim
+from rlstash.storage.marl_rollout import MultiAgentRollout
+from rlstash.train import algos, checkpoint
+from rlstash.train.run import Learning, Run, make_run_dir
+
+VMAS_TASKS: dict[str, dict[str, Any]] = {  # BenchMARL 1.5: conf/task/vmas/<task>.yaml
+    "vmas/navigation": dict(
+        max_steps=100,
+        n_agents=3,
+        collisions=True,
+        agents_with_same_goal=1,
+        split_goals=False,
+        observe_all_goals=False,
+        shared_rew=False,
+        lidar_range=0.35,
+        agent_radius=0.1,
+    ),  # fmt: skip
+    "vmas/balance": dict(
+        max_steps=100, n_agents=4, random_package_pos_on_line=True, package_mass=5
+    ),  # fmt: skip
+}
+PRESET_FRAMES = 6000  # BenchMARL's on_policy_collected_frames_per_batch
+VMAS_PRESET = dict(eval_every=12_000, eval_episodes=10, checkpoint_every=60_000)
+
+
+def env_kwargs(cfg: Any) -> dict[str, Any]:
+    """The scenario's settings: BenchMARL's task config, then ``cfg.env_kwargs`` (JSON)."""
+    given = getattr(cfg, "env_kwargs", "") or ""
+    try:
+        extra = json.loads(given) if given else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"env_kwargs: expected a JSON object such as '{{\"n_agents\": 4}}', got {given!r} "
+            f"({exc.msg}); fix the quoting"
+        ) from None
+    if not isinstance(extra, dict):
+        raise ValueError(f"env_kwargs: expected a JSON object, got {given!r}")
+    return {**VMAS_TASKS.get(cfg.env, {}), **extra}
+
+
+def make_env(cfg: Any, num_envs: int, device: torch.device, seed: int) -> Any:
+    """The run's multi-agent env: ``vmas/<scenario>`` (others are refused with the ids known)."""
+    if not cfg.env.startswith("vmas/"):
+        raise ValueError(
+            f"env: --algo {cfg.algo} trains multi-agent envs, got {cfg.env!r}; use vmas/<scenario> "
+            "(e.g. vmas/navigation, vmas/balance)"
+        )
+    from rlstash.envs.vmas import make_vmas
+
+    return make_vmas(cfg.env, num_envs, device, seed=seed, **env_kwargs(cfg))
+
+
+class MultiAgentEval:
+    """Deterministic evaluation on its own envs, as :func:`rlstash.train.drive.drive` calls it."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.collector = MultiAgentCollector(env)
+        self.per_agent: list[float] = []
+
+    def rollout(
+        self, agent: Any, episodes: int, deterministic: bool = True, seed: int | None = None
+    ) -> dict[str, Any]:
+        if seed is not None:
+            self.env.reset(seed=seed)  # the evaluation's seed (the next reset continues it)
+        out = self.collector.evaluate(agent, episodes, deterministic)
+        self.per_agent = out["per_agent"].mean(0).tolist()
+        return out
+
+
+class MultiAgentLearning(Learning):
+    """MAPPO/IPPO: a [T, E, A] rollout by the current policy, one update on it, repeated."""
+
+    name = "multiagent"
+
+    def check(self, cfg: Any) -> None:
+        for name, bad in (("history", cfg.history), ("ray", cfg.ray), ("video", cfg.video)):
+            if bad:
+                raise ValueError(
+                    f"{name}: not supported by --algo {cfg.algo} (multi-agent runs); drop --{name}"
+                )
+        _check_no_replay(cfg)
+
+    def resolve(self, cfg: Any, agent_cfg: Any, given: dict[str, Any]) -> tuple[Any, Any]:
+        changes: dict[str, Any] = {}
+        if cfg.envs > 1:
+            changes["num_envs"] = cfg.envs
+            if "rollout_steps" not in given:  # keep BenchMARL's frames per rollout
+                changes["rollout_steps"] = max(1, PRESET_FRAMES // cfg.envs)
+        if "total_steps" not in given:
+            changes["total_steps"] = cfg.steps
+        agent_cfg = dataclasses.replace(agent_cfg, **changes)
+        cfg = dataclasses.replace(cfg, agent={**cfg.agent, **changes})
+        return cfg, agent_cfg
+
+    def collect_frames(self, cfg: Any, agent_cfg: Any) -> int:
+        return agent_cfg.rollout_steps * agent_cfg.num_envs
+
+    def planned_updates(self, cfg: Any, agent_cfg: Any, limiter: Any, frames: int) -> int:
+        return -(-cfg.steps // frames) * agent_cfg.n_epochs * -(-frames // agent_cfg.minibatch_size)
+
+    def describe(self, run: Run) -> str:
+        from rlstash.agents.nets import param_bytes
+        from rlstash.memory import human_bytes
+
+        r, agent = run.rollout, run.agent
+        nets = param_bytes(agent.actor, agent.critic)
+        return (
+            f"env: {run.cfg.env} {json.dumps(env_kwargs(run.cfg))}, {r.num_envs} envs x "
+            f"{r.n_agents} agents on {run.env.device}\n"
+            f"rollout: {r.steps} steps x {r.num_envs} envs x {r.n_agents} agents, "
+            f"{human_bytes(r.nbytes)} on {r.device}\n"
+            f"networks ({agent.algo}, shared parameters: {agent.config.share_params}): "
+            f"{human_bytes(nets)} of parameters on {agent.device} (x~4 with Adam state and "
+            "gradients)"
+        )
+
+    def iterate(self, run: Run) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        names = run.env.groups[run.collector.group]
+
+        def iterate(metrics: dict[str, Any]) -> dict[str, Any]:
+            run.collector.collect(run.agent, run.rollout)
+            metrics = run.agent.update(run.rollout)
+            run.rollout.carry_over()
+            run.step += run.frames_per_collect
+            stats = run.collector.stats
+            per_agent = stats.total / stats.episodes.clamp_min(1)  # [A], read when logged
+            per_agent = torch.where(stats.episodes > 0, per_agent, float("nan"))  # none yet
+            metrics.update({f"return_{a}": per_agent[i] for i, a in enumerate(names)})
+            return metrics
+
+        return iterate
+
+    def save(self, run: Run) -> Path:
+        return checkpoint.save(run.run_dir, run.state())  # a rollout is used once: no buffer
+
+
+MULTIAGENT = MultiAgentLearning()
+
+
+def _check_no_replay(cfg: Any) -> None:
+    """Refuse the replay settings a multi-agent on-policy run has no use for."""
+    if cfg.storage != "ram" or cfg.compress != "none":
+        raise ValueError(
+            f"storage: --algo {cfg.algo} keeps one rollout in memory and has no replay storage; "
+            "drop --storage and --compress"
+        )
+    for name, instead in (("batch_size", "minibatch_size"), ("n_steps", "rollout_steps"),
+                          ("buffer_size", None), ("learning_starts", None),
+                          ("train_freq", "rollout_steps"), ("gradient_steps", "n_epochs")):  # fmt: skip
+        if getattr(cfg, name) is not None:
+            fix = f"give --{instead.replace('_', '-')} instead" if instead else "drop it"
+            raise ValueError(f"{name}: a replay setting, not used by --algo {cfg.algo}; {fix}")
+
+
+def build_run(cfg: Any, run_dir: Path, state: dict[str, Any] | None = None) -> Run:
+    """A multi-agent run from its config (and a checkpoint's ``state`` when resuming): env,
+    rollout (planned before allocation), agent, collector, evaluation envs."""
+    torch.set_num_threads(cfg.torch_threads)
+    MULTIAGENT.check(cfg)
+    device = parse_device(cfg.device, "device")
+    assert device is not None
+    probe = make_env(cfg, 1, device, cfg.seed)  # spaces, then closed
+    try:
+        group = _one_group(probe, cfg)
+        obs_space, act_space = probe.observation_spaces[group], probe.action_spaces[group]
+        n_agents, state_space = len(probe.groups[group]), probe.state_space
+    finally:
+        probe.close()
+    given = dict(cfg.agent)
+    cfg, agent_cfg = algos.resolve(cfg, act_space)
+    cfg, agent_cfg = MULTIAGENT.resolve(cfg, agent_cfg, given)
+    step = state["step"] if state else 0
+    obs_dim = flat_obs_dim(obs_space)
+    state_dim = None if state_space is None else flat_obs_dim(state_space)
+    shape, discrete = action_shape(act_space)
+    with contextlib.ExitStack() as undo:
+        make_run_dir(run_dir, undo)
+        rollout = MultiAgentRollout(
+            agent_cfg.rollout_steps, agent_cfg.num_envs, n_agents, obs_dim, shape,
+            torch.int64 if discrete else torch.float32, state_dim, device=device,
+        )  # fmt: skip
+        learner = algos.ALGOS[cfg.algo].learner(act_space, cfg.env)
+        agent = learner.build((n_agents, obs_dim, state_dim), act_space, agent_cfg, device)
+        env = make_env(cfg, agent_cfg.num_envs, device, cfg.seed + step)
+        undo.callback(env.close)
+        collector = MultiAgentCollector(env, seed=cfg.seed + step)
+        collector.steps_per_batch = rollout.steps
+        eval_env = make_env(cfg, min(cfg.eval_episodes, 10), device, cfg.seed + 10_000)
+        undo.callback(eval_env.close)
+        run = Run(cfg, run_dir, cfg.threshold, device, env, rollout, agent, collector,
+                  MultiAgentEval(eval_env), MULTIAGENT)  # fmt: skip
+        run.settings = {
+            "algo": cfg.algo, "env": cfg.env, "env_kwargs": env_kwargs(cfg),
+            "net_arch": checkpoint.as_json(cfg.agent.get("net_arch")),
+            "agents": n_agents, "agent_obs_dim": obs_dim, "agent_action_space": str(act_space),
+        }  # fmt: skip
+        if state is not None:
+            with checkpoint.reading(run_dir / checkpoint.NAME / checkpoint.STATE):
+                agent.load_state_dict(state["agent"])
+                run.train_seconds, run.evals = state["train_seconds"], state["evals"]
+            run.step = step
+        undo.pop_all()
+    return run
+
+
+def _one_group(env: Any, cfg: Any) -> str:
+    if len(env.groups) != 1:
+        raise ValueError(
+            f"env {cfg.env}: has agent groups {sorted(env.groups)} (agents with different "
+            f"spaces); --algo {cfg.algo} trains one group here: pick a scenario whose agents "
+            "are alike"
+        )
+    return next(iter(env.groups))
+
+
+__all__ = ["METRICS", "MULTIAGENT", "VMAS_PRESET", "VMAS_TASKS", "build_run"]
