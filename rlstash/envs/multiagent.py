@@ -41,7 +41,9 @@ if TYPE_CHECKING:
 class MultiAgentStep:
     """One reset or step of every env, per agent group (shapes: E envs, A_g agents)."""
 
-    obs: dict[str, torch.Tensor | dict[str, torch.Tensor]]  # [E, A_g, *obs_shape] (dict obs: a dict of those)
+    obs: dict[
+        str, torch.Tensor | dict[str, torch.Tensor]
+    ]  # [E, A_g, *obs_shape] (dict obs: a dict of those)
     reward: dict[str, torch.Tensor]  # [E, A_g] float32 (team reward: the same value for each agent)
     terminated: dict[str, torch.Tensor]  # [E, A_g] bool
     truncated: dict[str, torch.Tensor]  # [E, A_g] bool

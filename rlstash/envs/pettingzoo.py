@@ -141,7 +141,9 @@ class PettingZooVectorEnv:
                 "(Text, Graph, Sequence or OneOf parts); flatten them with a wrapper"
             )
         self._arrays = arrays
-        self._n = {g: int(s.n) for g, s in plan.act_spaces.items() if isinstance(s, spaces.Discrete)}
+        self._n = {
+            g: int(s.n) for g, s in plan.act_spaces.items() if isinstance(s, spaces.Discrete)
+        }
         self._now = self._views("obs")
         self._final = self._views("final_obs")
         self._alive = {g: arrays[f"obs/alive/{g}"].view(np.bool_) for g in self.groups}

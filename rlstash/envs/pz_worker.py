@@ -248,7 +248,9 @@ class ParallelAdapter(gymnasium.Env):
             ),
         }
         for flag in ("terminated", "truncated", "mask", "alive"):
-            parts[flag] = spaces.Dict({g: spaces.MultiBinary(len(a)) for g, a in plan.groups.items()})
+            parts[flag] = spaces.Dict(
+                {g: spaces.MultiBinary(len(a)) for g, a in plan.groups.items()}
+            )
         if self.n_actions:
             parts["action_mask"] = spaces.Dict(
                 {
