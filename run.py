@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 TORCH_PIN = "torch==2.13.0"
-EXTRAS = "dev,plots,atari,video"
+EXTRAS = "dev,plots,atari,video,pettingzoo"
 
 
 def _python() -> Path:

@@ -7,6 +7,7 @@ never pull in torch)::
     from rlstash import UniformSampler, PrioritizedSampler, SequenceSampler, plan
     from rlstash import ProcessPoolVectorEnv, Collector, RayCollector, DQN, SAC, DiscreteSAC, PPO, TD3, RateLimiter
     from rlstash import from_rsl_rl   # rsl_rl-style envs (Isaac Lab, Genesis) for the Collector
+    from rlstash import PettingZooVectorEnv   # PettingZoo Parallel envs in the process pool
     from rlstash import RolloutStorage
 """
 
@@ -46,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     "EnvPool": "rlstash.envs",  # the old name of ProcessPoolVectorEnv: warns once
     "Collector": "rlstash.collect.sync",
     "from_rsl_rl": "rlstash.envs.rsl_rl",  # rsl_rl-style envs (Isaac Lab, Genesis) as batched envs
+    "PettingZooVectorEnv": "rlstash.envs.pettingzoo",  # PettingZoo Parallel envs, multi-agent
     "AsyncCollector": "rlstash.collect.async_",
     "RayCollector": "rlstash.collect.ray",  # Ray itself is imported only when one is built
     "RayActorFailedError": "rlstash.collect.ray",
@@ -91,6 +93,7 @@ __all__ = [
     "MemoryPlan",
     "PPO",
     "PPOConfig",
+    "PettingZooVectorEnv",
     "PrioritizedSampler",
     "RateLimiter",
     "RayActorFailedError",
@@ -140,6 +143,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.collect.sync import Collector
     from rlstash.device import Delivery
     from rlstash.envs.errors import WorkerFailedError
+    from rlstash.envs.pettingzoo import PettingZooVectorEnv
     from rlstash.envs.process_pool import ProcessPoolVectorEnv
     from rlstash.envs.rsl_rl import from_rsl_rl
     from rlstash.indices import IndexRangeError

@@ -29,7 +29,6 @@ no final observation; ``final_obs`` rows are zero), and ``obs`` is the restarted
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -49,25 +48,6 @@ _FLAGS = ("terminated", "truncated", "mask")
 def is_pettingzoo(env_id: Any) -> bool:
     """Whether ``env_id`` names a PettingZoo Parallel env (``pettingzoo:<module>``)."""
     return isinstance(env_id, str) and env_id.startswith(PREFIX)
-
-
-def parse_env_kwargs(text: str | None) -> dict[str, Any]:
-    """``--env-kwargs``: a JSON object (``'{"N": 3, "max_cycles": 50}'``); None/"" -> {}.
-
-    Raises:
-        ValueError: naming the flag, what came and the expected form.
-    """
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"--env-kwargs: expected a JSON object such as '{{\"N\": 3}}', got {text!r} ({exc})"
-        ) from None
-    if not isinstance(value, dict):
-        raise ValueError(f"--env-kwargs: expected a JSON object, got {type(value).__name__}")
-    return value
 
 
 class PettingZooVectorEnv:
@@ -349,4 +329,4 @@ def _valid(space: spaces.Space) -> Any:
     return 0
 
 
-__all__ = ["INSTALL_HINT", "PettingZooVectorEnv", "is_pettingzoo", "parse_env_kwargs"]
+__all__ = ["INSTALL_HINT", "PettingZooVectorEnv", "is_pettingzoo"]

@@ -8,6 +8,7 @@ package an id needs first:
 * ``ALE/...``: ale-py (``pip install 'rlstash[atari]'``);
 * ``dm_control/...``: shimmy with dm_control (``pip install 'rlstash[dmc]'``);
 * ``module:EnvId``: imports ``module`` (which registers ``EnvId``), then makes ``EnvId``;
+* ``pettingzoo:<module>`` is multi-agent: refused here (:mod:`rlstash.envs.pettingzoo`);
 * MuJoCo ids (``HalfCheetah-v5``...) are gymnasium's own (``pip install 'rlstash[mujoco]'``).
 """
 
@@ -30,6 +31,11 @@ def register_family(env_id: str) -> None:
     """
     import gymnasium
 
+    if env_id.startswith("pettingzoo:"):
+        raise ValueError(
+            f"env id {env_id!r}: a PettingZoo Parallel env is multi-agent, not a gymnasium id; "
+            "make it with rlstash.envs.make.make_multiagent_env (or PettingZooVectorEnv)"
+        )
     if ":" in env_id:
         module = env_id.split(":", 1)[0]
         try:

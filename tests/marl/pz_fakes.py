@@ -117,3 +117,32 @@ class MixedEnv(RaggedEnv):
     def _obs(self, agent: str) -> Any:
         vec = super()._obs(agent)
         return np.append(vec, 1.0).astype(np.float32) if agent == "a_2" else vec
+
+
+def parallel_env(**kwargs: Any) -> RaggedEnv:
+    """``pettingzoo:tests.marl.pz_fakes`` makes a :class:`RaggedEnv`."""
+    return RaggedEnv(**kwargs)
+
+
+class MaskObsEnv(RaggedEnv):
+    """Observations in PettingZoo's classic form ``{"observation", "action_mask"}``; agent i
+    may not take action i."""
+
+    def observation_space(self, agent: str) -> spaces.Space:
+        return spaces.Dict(
+            {
+                "observation": spaces.Box(-np.inf, np.inf, (3,), np.float32),
+                "action_mask": spaces.MultiBinary(3),
+            }
+        )
+
+    def _obs(self, agent: str) -> Any:
+        mask = np.ones(3, np.int8)
+        mask[AGENTS.index(agent)] = 0
+        return {"observation": super()._obs(agent), "action_mask": mask}
+
+    def _infos(self) -> dict:
+        return {a: {} for a in self.agents}
+
+    def state(self) -> np.ndarray:
+        return np.zeros(9, np.float32)
