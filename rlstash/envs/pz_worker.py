@@ -61,7 +61,7 @@ def make_parallel(module: str, kwargs: Mapping[str, Any] | None = None) -> Any:
     except ImportError as exc:
         raise ModuleNotFoundError(
             f"env 'pettingzoo:{module}': cannot import {module!r} ({exc}); install PettingZoo "
-            f"with: {INSTALL_HINT} (MPE tasks: pip install mpe2)"
+            f"with: {INSTALL_HINT} (MPE tasks, mpe2.*: pip install 'rlstash[mpe]')"
         ) from exc
     factory = getattr(mod, "parallel_env", None)
     if not callable(factory):

@@ -121,22 +121,26 @@ def _by_hand(make_env, seeds, actions, agents):
     return first, steps
 
 
-def test_equals_stepping_mpe_by_hand_with_the_same_seeds_and_actions():
-    pytest.importorskip("mpe2", reason="the MPE tasks need pip install mpe2")
+def _mpe():
+    pytest.importorskip("mpe2", reason="the MPE tasks need pip install 'rlstash[mpe]'")
     from mpe2 import simple_spread_v3
 
-    make_env = functools.partial(simple_spread_v3.parallel_env, max_cycles=4)
+    return functools.partial(simple_spread_v3.parallel_env, max_cycles=4), 5
+
+
+@pytest.mark.parametrize("source", ["ragged", "mpe"])
+def test_equals_stepping_the_env_by_hand_with_the_same_seeds_and_actions(source):
+    make_env, n_act = _mpe() if source == "mpe" else (ragged(length=4, dict_obs=False), 3)
     rng = np.random.default_rng(0)
-    actions = [rng.integers(0, 5, (4, 3)) for _ in range(10)]
-    with make(
-        "mpe2.simple_spread_v3", num_envs=4, workers=2, seed=7, env_kwargs={"max_cycles": 4}
-    ) as env:
+    actions = [rng.integers(0, n_act, (4, 3)) for _ in range(10)]
+    with make(make_env, num_envs=4, workers=2, seed=7) as env:
         agents = list(env.groups["agents"])
         first, expected = _by_hand(make_env, [7, 8, 9, 10], actions, agents)
         out = env.reset()
         for i in range(4):
             for j, ag in enumerate(agents):
-                np.testing.assert_array_equal(out.obs["agents"][i, j].numpy(), first[i][ag])
+                want = first[i].get(ag, np.zeros_like(out.obs["agents"][i, j].numpy()))
+                np.testing.assert_array_equal(out.obs["agents"][i, j].numpy(), want)
         for act, (obs, reward, term, trunc, mask, state, done, final) in zip(actions, expected):
             out = env.step({"agents": torch.as_tensor(act)})
             np.testing.assert_array_equal(out.obs["agents"].numpy(), obs)
@@ -150,7 +154,7 @@ def test_equals_stepping_mpe_by_hand_with_the_same_seeds_and_actions():
                 np.testing.assert_array_equal(out.final_obs["agents"].numpy()[done], final[done])
             else:
                 assert out.final_obs is None
-        assert expected[3][6].all()  # max_cycles=4: every env ended (and reset) once
+        assert expected[3][6].all()  # episodes of 4 steps: every env ended (and reset) once
 
 
 def test_a_worker_restart_truncates_every_agent_of_its_envs():
