@@ -141,12 +141,39 @@ def plan_groups(env: Any, groups: Mapping[str, Sequence[str]] | None = None) -> 
     obs_spaces, masked = {}, {}
     for g, agents in plan.items():
         obs_spaces[g], masked[g] = _split_mask(obs_of[agents[0]])
-    state_space = getattr(env, "state_space", None)
-    if state_space is not None and not isinstance(state_space, spaces.Box):
-        raise ValueError(f"env: state_space {state_space} is not a Box; expected a Box or None")
+    state_space = _state_space(env)
     return GroupPlan(
         plan, obs_spaces, {g: act_of[a[0]] for g, a in plan.items()}, masked, state_space
     )
+
+
+def _state_space(env: Any) -> spaces.Box | None:
+    """The env's global state space: its ``state_space``, else (a ``state()`` of its own and
+    no space declared) a Box of the shape and dtype ``state()`` returns after
+    ``reset(seed=0)``; None where there is no state (``state()`` raises NotImplementedError).
+    """
+    space = getattr(env, "state_space", None)
+    if space is not None:
+        if not isinstance(space, spaces.Box):
+            raise ValueError(f"env: state_space {space} is not a Box; expected a Box or None")
+        return space
+    state = getattr(type(env), "state", None)
+    if state is None or state is getattr(_base_parallel(), "state", None):
+        return None
+    try:
+        env.reset(seed=0)
+        value = np.asarray(env.state())
+    except (NotImplementedError, AttributeError):
+        return None
+    return spaces.Box(-np.inf, np.inf, value.shape, value.dtype)
+
+
+def _base_parallel() -> Any:
+    try:
+        from pettingzoo.utils.env import ParallelEnv
+    except ImportError:  # an env of another library with PettingZoo's API
+        return None
+    return ParallelEnv
 
 
 def _check_groups(

@@ -146,3 +146,21 @@ class MaskObsEnv(RaggedEnv):
 
     def state(self) -> np.ndarray:
         return np.zeros(9, np.float32)
+
+
+class UndeclaredStateEnv(RaggedEnv):
+    """Has ``state()`` but declares no ``state_space``."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        del self.state_space
+
+
+class NoStateEnv(RaggedEnv):
+    """No global state: PettingZoo's base ``state()`` (raises NotImplementedError)."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        del self.state_space
+
+    state = ParallelEnv.state

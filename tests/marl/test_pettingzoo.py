@@ -192,6 +192,17 @@ def test_dict_observations_per_agent():
         assert out.final_obs["agents"]["id"][0].tolist() == [0, 0, 2]
 
 
+@pytest.mark.parametrize(("source", "shape"), [("UndeclaredStateEnv", (9,)), ("NoStateEnv", None)])
+def test_the_global_state_where_the_env_has_one(source, shape):
+    with make(getattr(pz_fakes, source), workers=0) as env:
+        out = env.reset()
+        if shape is None:
+            assert env.state_space is None and out.state is None
+        else:
+            assert env.state_space.shape == shape and out.state.shape == (2, *shape)
+            assert out.state[0, :3].tolist() == out.obs["agents"][0, 0].tolist()
+
+
 def test_groups_by_space_and_by_hand():
     with make(pz_fakes.MixedEnv, num_envs=2) as env:
         assert env.groups == {"group_0": ("a_0", "a_1"), "group_1": ("a_2",)}
