@@ -63,6 +63,7 @@ class PettingZooVectorEnv:
         *,
         env_kwargs: Mapping[str, Any] | None = None,
         groups: Mapping[str, Sequence[str]] | None = None,
+        state: bool = True,
         **pool_options: Any,
     ) -> None:
         """Start the envs.
@@ -77,6 +78,8 @@ class PettingZooVectorEnv:
             env_kwargs: keyword arguments of ``parallel_env`` (module paths only).
             groups: group name -> agent names (default: agents with identical spaces share
                 a group, :func:`~rlstash.envs.pz_worker.plan_groups`).
+            state: carry the env's global state where it has one (default); False saves
+                the env's ``state()`` per step (``state_space`` None, ``state`` None).
             pool_options: more :class:`ProcessPoolVectorEnv` arguments (``step_timeout``,
                 ``max_restarts``, ``context``, ``worker_env``, ``start_timeout``).
         """
@@ -89,11 +92,11 @@ class PettingZooVectorEnv:
         make = _maker(env, env_kwargs)
         probe = make()  # early, named errors (bad group maps, unsupported spaces) here
         try:
-            plan = plan_groups(probe, groups)
+            plan = plan_groups(probe, groups, state)
         finally:
             probe.close()
         self.pool = ProcessPoolVectorEnv(
-            functools.partial(ParallelAdapter, make, plan.groups),
+            functools.partial(ParallelAdapter, make, plan.groups, state),
             num_envs=num_envs,
             num_workers=num_workers,
             seed=seed,

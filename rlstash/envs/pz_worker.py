@@ -95,12 +95,16 @@ def _default_name(agents: Sequence[str], index: int) -> str:
     return prefixes.pop() if len(prefixes) == 1 else f"group_{index}"
 
 
-def plan_groups(env: Any, groups: Mapping[str, Sequence[str]] | None = None) -> GroupPlan:
+def plan_groups(
+    env: Any, groups: Mapping[str, Sequence[str]] | None = None, state: bool = True
+) -> GroupPlan:
     """Group ``env``'s ``possible_agents`` (a PettingZoo ParallelEnv).
 
     Default: agents with identical observation and action spaces share a group, named
     ``"agents"`` when there is one group, else by the agents' common name prefix
     (``adversary_0`` -> ``adversary``). ``groups`` (group -> agent names) sets them by hand.
+    ``state=False``: no global state even where the env has one (saves its ``state()`` call
+    per step).
 
     Raises:
         ValueError: naming the agent for an unknown, missing or repeated agent name, or an
@@ -141,7 +145,7 @@ def plan_groups(env: Any, groups: Mapping[str, Sequence[str]] | None = None) -> 
     obs_spaces, masked = {}, {}
     for g, agents in plan.items():
         obs_spaces[g], masked[g] = _split_mask(obs_of[agents[0]])
-    state_space = _state_space(env)
+    state_space = _state_space(env) if state else None
     return GroupPlan(
         plan, obs_spaces, {g: act_of[a[0]] for g, a in plan.items()}, masked, state_space
     )
@@ -227,15 +231,18 @@ def _bits(n: int) -> int:
 class ParallelAdapter(gymnasium.Env):
     """One PettingZoo ParallelEnv as a gymnasium env of fixed layout (see the module
     docstring). ``make``: a zero-argument factory of the ParallelEnv; ``groups``: the group
-    map (default: :func:`plan_groups`)."""
+    map (default: :func:`plan_groups`); ``state``: carry the env's global state."""
 
     metadata: dict[str, Any] = {}
 
     def __init__(
-        self, make: Callable[[], Any], groups: Mapping[str, Sequence[str]] | None = None
+        self,
+        make: Callable[[], Any],
+        groups: Mapping[str, Sequence[str]] | None = None,
+        state: bool = True,
     ) -> None:
         self.env = make()
-        self.plan = plan_groups(self.env, groups)
+        self.plan = plan_groups(self.env, groups, state)
         self.metadata = dict(getattr(self.env, "metadata", {}) or {})
         self.render_mode = getattr(self.env, "render_mode", None)
         plan = self.plan

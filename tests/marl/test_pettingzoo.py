@@ -194,6 +194,8 @@ def test_dict_observations_per_agent():
 
 @pytest.mark.parametrize(("source", "shape"), [("UndeclaredStateEnv", (9,)), ("NoStateEnv", None)])
 def test_the_global_state_where_the_env_has_one(source, shape):
+    with make(getattr(pz_fakes, source), workers=0, state=False) as env:
+        assert env.state_space is None and env.reset().state is None  # asked for none
     with make(getattr(pz_fakes, source), workers=0) as env:
         out = env.reset()
         if shape is None:
