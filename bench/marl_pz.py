@@ -32,7 +32,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 VENV_PY = HERE / ".work" / "venv-pz" / "bin" / "python"
 N_ENVS, N_WORKERS, N_AGENTS, N_ACTIONS = 32, 2, 3, 5
-TASK = "mpe2.simple_spread_v3"
+TASKS = {  # name -> (module with parallel_env(), what it is)
+    "spread": ("mpe2.simple_spread_v3", "MPE `simple_spread_v3` (mpe2; 25-step episodes)"),
+    "tiny": ("pz_tiny", "`bench/pz_tiny.py` (a near-free env: the vectorisation's own cost)"),
+}
 
 
 def _ensure_venv() -> None:
@@ -42,12 +45,12 @@ def _ensure_venv() -> None:
     os.execv(str(VENV_PY), [str(VENV_PY), str(Path(__file__).resolve()), *sys.argv[1:]])
 
 
-def rlstash_side(seed: int):
+def rlstash_side(task: str, seed: int, state: bool = True):
     import torch
 
     from rlstash.envs.pettingzoo import PettingZooVectorEnv
 
-    env = PettingZooVectorEnv(TASK, N_ENVS, N_WORKERS, seed)
+    env = PettingZooVectorEnv(task, N_ENVS, N_WORKERS, seed, state=state)
     env.reset()
 
     def step(actions) -> None:
@@ -56,11 +59,12 @@ def rlstash_side(seed: int):
     return step, env.close
 
 
-def supersuit_side(seed: int):
-    import supersuit as ss
-    from mpe2 import simple_spread_v3
+def supersuit_side(task: str, seed: int):
+    import importlib
 
-    vec = ss.pettingzoo_env_to_vec_env_v1(simple_spread_v3.parallel_env())
+    import supersuit as ss
+
+    vec = ss.pettingzoo_env_to_vec_env_v1(importlib.import_module(task).parallel_env())
     vec = ss.concat_vec_envs_v1(vec, N_ENVS, num_cpus=N_WORKERS, base_class="gymnasium")
     vec.reset(seed=seed)
 
@@ -79,50 +83,33 @@ def time_side(step, rng, steps: int) -> float:
     return steps * N_ENVS / (time.perf_counter() - start)
 
 
-def main() -> None:
-    _ensure_venv()
-    import numpy as np
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=300, help="vector steps per round")
-    parser.add_argument("--out", default=str(HERE / "results" / "marl_pz.md"))
-    args = parser.parse_args()
-    rng = np.random.default_rng(0)
-    sides = {"rlstash PettingZooVectorEnv": rlstash_side(0), "SuperSuit concat_vec_envs": supersuit_side(0)}
+def run_task(task: str, rounds: int, steps: int, rng) -> dict[str, list[float]]:
+    """Interleaved rounds of every side on one task: env steps/s per round and side."""
+    sides = {
+        "rlstash PettingZooVectorEnv": rlstash_side(task, 0),
+        "rlstash, state=False": rlstash_side(task, 0, state=False),
+        "SuperSuit concat_vec_envs": supersuit_side(task, 0),
+    }
     rates: dict[str, list[float]] = {name: [] for name in sides}
-    load_before = os.getloadavg()
     try:
-        for name, (step, _) in sides.items():  # warm-up: caches, first resets
-            time_side(step, rng, 50)
-        for r in range(args.rounds):
+        for step, _ in sides.values():  # warm-up: caches, first resets
+            time_side(step, rng, 20)
+        for r in range(rounds):
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             for name in order:
-                rates[name].append(time_side(sides[name][0], rng, args.steps))
-            print(f"round {r}: " + ", ".join(f"{n} {rates[n][-1]:,.0f}" for n in rates), flush=True)
+                rates[name].append(time_side(sides[name][0], rng, steps))
+            print(f"{task} round {r}: " + ", ".join(f"{n} {v[-1]:,.0f}" for n, v in rates.items()))
     finally:
         for _, close in sides.values():
             close()
-    load_after = os.getloadavg()
-    medians = {n: statistics.median(v) for n, v in rates.items()}
-    ours, peer = medians.values()
-    import pettingzoo
-    import supersuit
-    import torch
+    return rates
 
+
+def table(rates: dict[str, list[float]]) -> list[str]:
+    """The markdown rows of one task and its ratio line."""
+    medians = {n: statistics.median(v) for n, v in rates.items()}
+    peer = medians["SuperSuit concat_vec_envs"]
     lines = [
-        "# PettingZoo through rlstash's process pool vs SuperSuit's vectorisation",
-        "",
-        f"`python3 bench/marl_pz.py --rounds {args.rounds} --steps {args.steps}` -- MPE "
-        f"`simple_spread_v3` (mpe2; {N_AGENTS} agents, discrete actions, 25-step episodes), "
-        f"{N_ENVS} envs on {N_WORKERS} worker processes, uniform random actions; one env step = "
-        "every agent of one env acting once. Rounds interleaved (alternating order), medians.",
-        "",
-        f"**Machine: {os.cpu_count()} cores shared with other helpers' test runs (LOADED): load "
-        f"average {load_before[0]:.1f} before, {load_after[0]:.1f} after.** Python "
-        f"{platform.python_version()}, torch {torch.__version__}, pettingzoo "
-        f"{pettingzoo.__version__}, SuperSuit {getattr(supersuit, '__version__', '3.11.0')}.",
-        "",
         "| side | median env steps/s | agent steps/s | rounds (env steps/s) |",
         "| --- | ---: | ---: | --- |",
     ]
@@ -131,13 +118,52 @@ def main() -> None:
         lines.append(
             f"| {name} | {medians[name]:,.0f} | {medians[name] * N_AGENTS:,.0f} | {shown} |"
         )
+    ratios = ", ".join(f"{n}: **{medians[n] / peer:.2f}x**" for n in list(rates)[:2])
+    return [*lines, "", f"Ratio to SuperSuit (medians; goal >= 2x): {ratios}.", ""]
+
+
+def main() -> None:
+    _ensure_venv()
+    import numpy as np
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=300, help="vector steps per round")
+    parser.add_argument("--tasks", default="spread,tiny", help=f"of {sorted(TASKS)}")
+    parser.add_argument("--out", default=str(HERE / "results" / "marl_pz.md"))
+    args = parser.parse_args()
+    sys.path.insert(0, str(HERE))  # pz_tiny (the workers get this path too)
+    rng = np.random.default_rng(0)
+    load_before = os.getloadavg()
+    results = {
+        t: run_task(TASKS[t][0], args.rounds, args.steps, rng) for t in args.tasks.split(",")
+    }
+    load_after = os.getloadavg()
+    import pettingzoo
+    import supersuit
+    import torch
+
+    lines = [
+        "# PettingZoo through rlstash's process pool vs SuperSuit's vectorisation",
+        "",
+        f"`python3 bench/marl_pz.py --rounds {args.rounds} --steps {args.steps}`: "
+        f"{N_ENVS} envs of {N_AGENTS} agents (discrete actions) on {N_WORKERS} worker "
+        "processes, uniform random actions; one env step = every agent of one env acting once. "
+        "Sides interleaved per round (alternating order), medians.",
+        "",
+        f"**Machine: {os.cpu_count()} cores shared with other helpers' test runs (LOADED): load "
+        f"average {load_before[0]:.1f} before, {load_after[0]:.1f} after.** Python "
+        f"{platform.python_version()}, torch {torch.__version__}, pettingzoo "
+        f"{pettingzoo.__version__}, SuperSuit {getattr(supersuit, '__version__', '3.11.0')}.",
+        "",
+    ]
+    for task, rates in results.items():
+        lines += [f"## {TASKS[task][1]}", "", *table(rates)]
     lines += [
-        "",
-        f"Ratio rlstash / SuperSuit (medians): **{ours / peer:.2f}x** (goal >= 2x).",
-        "",
-        "rlstash returns per-agent tensors ([32, 3, ...]) with masks, the global state and "
-        "unpacked action masks each step; SuperSuit returns per-agent rows of a single-agent "
-        "vector env ([96, ...]) and no state.",
+        "rlstash returns per-agent tensors ([32, 3, ...]) with masks, the global state "
+        "(simple_spread's `state()` recomputes every agent's observation; `state=False` leaves "
+        "it out, as SuperSuit does) and unpacked action masks each step; SuperSuit returns "
+        "per-agent rows of a single-agent vector env ([96, ...]).",
         "",
     ]
     Path(args.out).write_text("\n".join(lines))
