@@ -39,7 +39,15 @@ from gymnasium import spaces
 from rlstash.envs.actions import bad_rows
 from rlstash.envs.multiagent import MultiAgentStep
 from rlstash.envs.process_pool import ProcessPoolVectorEnv
-from rlstash.envs.pz_worker import INSTALL_HINT, ParallelAdapter, make_parallel, plan_groups
+from rlstash.envs.pz_worker import (
+    INSTALL_HINT,
+    ParallelAdapter,
+    byte_layout,
+    field_views,
+    make_parallel,
+    plan_groups,
+    value_space,
+)
 
 PREFIX = "pettingzoo:"
 _FLAGS = ("terminated", "truncated", "mask")
@@ -118,33 +126,38 @@ class PettingZooVectorEnv:
         self.action_spaces: dict[str, spaces.Space] = dict(plan.act_spaces)
         self.state_space: spaces.Space | None = plan.state_space
         arrays = self.pool.shared_arrays()
-        if not any(name.startswith("obs/") for name in arrays):
+        if "obs" not in arrays or "final_obs" not in arrays:
             raise ValueError(
                 f"observation spaces {self.observation_spaces}: not laid out in shared memory "
                 "(Text, Graph, Sequence or OneOf parts); flatten them with a wrapper"
             )
-        self._arrays = arrays
+        self._fields, _ = byte_layout(value_space(plan))
         self._n = {
             g: int(s.n) for g, s in plan.act_spaces.items() if isinstance(s, spaces.Discrete)
         }
-        self._now = self._views("obs")
-        self._final = self._views("final_obs")
-        self._alive = {g: arrays[f"obs/alive/{g}"].view(np.bool_) for g in self.groups}
+        self._now = self._views(field_views(arrays["obs"], self._fields))
+        self._final = self._views(field_views(arrays["final_obs"], self._fields))
+        self._alive = {g: self._now["fields"][f"alive/{g}"].view(np.bool_) for g in self.groups}
         self._env_term, self._env_trunc = arrays["terminated"], arrays["truncated"]
         self._env_final = arrays["final"]
 
-    def _views(self, prefix: str) -> dict[str, Any]:
-        """numpy views and torch tensors over the arrays of one prefix (obs / final_obs)."""
-        arrays = self._arrays
-        out: dict[str, Any] = {"np": {}, "obs": {}}
+    def shared_fields(self, final: bool = False) -> dict[str, np.ndarray]:
+        """The numpy views of the shared rows by field name (``obs/<group>``,
+        ``reward/<group>``, ``mask/<group>``, ``action_mask/<group>`` (bits), ``state``...;
+        ``final``: of the final-observation rows): what the returned tensors are built on."""
+        return dict((self._final if final else self._now)["fields"])
+
+    def _views(self, fields: dict[str, np.ndarray]) -> dict[str, Any]:
+        """numpy views and torch tensors over one set of rows (now / final)."""
+        out: dict[str, Any] = {"fields": fields, "np": {}, "obs": {}}
         for g in self.groups:
-            out["np"][g] = {f: arrays[f"{prefix}/{f}/{g}"] for f in ("reward", *_FLAGS)}
-            out["obs"][g] = _tree(arrays, f"{prefix}/obs/{g}")
+            out["np"][g] = {f: fields[f"{f}/{g}"] for f in ("reward", *_FLAGS)}
+            out["obs"][g] = _tree(fields, f"obs/{g}")
         out["reward"] = {g: torch.from_numpy(out["np"][g]["reward"]) for g in self.groups}
         for f in _FLAGS:
             out[f] = {g: torch.from_numpy(out["np"][g][f].view(np.bool_)) for g in self.groups}
-        out["bits"] = {g: arrays[f"{prefix}/action_mask/{g}"] for g in self._n}
-        state = arrays.get(f"{prefix}/state")
+        out["bits"] = {g: fields[f"action_mask/{g}"] for g in self._n}
+        state = fields.get("state")
         out["state"] = None if state is None else torch.from_numpy(state)
         return out
 

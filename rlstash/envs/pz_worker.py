@@ -42,7 +42,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import batch_space
 
-from rlstash.envs.shm import make_writer
+from rlstash.envs.shm import make_writer, space_leaves
 
 INSTALL_HINT = "pip install 'rlstash[pettingzoo]'"
 _FLAT_ACTIONS = (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)
@@ -255,46 +255,28 @@ class ParallelAdapter(gymnasium.Env):
         self.n_actions = {
             g: int(s.n) for g, s in plan.act_spaces.items() if isinstance(s, spaces.Discrete)
         }
-        self.observation_space = self._value_space()
+        self.fields, nbytes = byte_layout(value_space(plan))
+        # one flat byte row per env: the pool copies it with one memcpy (no nested value)
+        self.observation_space = spaces.Box(0, 255, (nbytes,), np.uint8)
         self.action_space = spaces.Dict(
             {g: batch_space(plan.act_spaces[g], len(a)) for g, a in plan.groups.items()}
         )
-        self.value = _empty(self.observation_space)
+        self.buf = np.zeros(nbytes, np.uint8)
+        self.value = field_views(self.buf, self.fields)  # name -> typed view into buf
         self.writers = {
             g: make_writer(
-                plan.obs_spaces[g], _leaves(self.value["obs"][g]), f"observation of group {g!r}"
+                plan.obs_spaces[g],
+                [
+                    self.value[n]
+                    for n in self.fields
+                    if n == f"obs/{g}" or n.startswith(f"obs/{g}/")
+                ],
+                f"observation of group {g!r}",
             )
             for g in plan.groups
         }
+        self.all_bits = {g: np.packbits(np.ones(n, dtype=bool)) for g, n in self.n_actions.items()}
         self.acting: list[str] = []  # agents that act in the next step
-
-    def _value_space(self) -> spaces.Dict:
-        plan = self.plan
-        parts: dict[str, spaces.Space] = {
-            "obs": spaces.Dict(
-                {g: batch_space(plan.obs_spaces[g], len(a)) for g, a in plan.groups.items()}
-            ),
-            "reward": spaces.Dict(
-                {
-                    g: spaces.Box(-np.inf, np.inf, (len(a),), np.float32)
-                    for g, a in plan.groups.items()
-                }
-            ),
-        }
-        for flag in ("terminated", "truncated", "mask", "alive"):
-            parts[flag] = spaces.Dict(
-                {g: spaces.MultiBinary(len(a)) for g, a in plan.groups.items()}
-            )
-        if self.n_actions:
-            parts["action_mask"] = spaces.Dict(
-                {
-                    g: spaces.Box(0, 255, (len(plan.groups[g]), _bits(n)), np.uint8)
-                    for g, n in self.n_actions.items()
-                }
-            )
-        if plan.state_space is not None:
-            parts["state"] = plan.state_space
-        return spaces.Dict(parts)
 
     # --- gymnasium API ----------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
@@ -303,7 +285,7 @@ class ParallelAdapter(gymnasium.Env):
         self.acting = [str(a) for a in self.env.agents]
         self._write(obs, infos)
         self._flags(self.acting, {}, {}, {})
-        return self.value, {}
+        return self.buf, {}
 
     def step(self, action: dict) -> tuple[dict, float, bool, bool, dict]:
         acted = self.acting
@@ -320,7 +302,7 @@ class ParallelAdapter(gymnasium.Env):
         ended = all(bool(terms.get(a)) or bool(truncs.get(a)) for a in acted)
         done = not self.acting or ended
         total = float(sum(float(r) for r in rewards.values()))
-        return self.value, total, done, False, {}
+        return self.buf, total, done, False, {}
 
     def render(self) -> Any:
         return self.env.render()
@@ -334,8 +316,7 @@ class ParallelAdapter(gymnasium.Env):
 
     # --- the value ----------------------------------------------------------------------
     def _clear(self) -> None:
-        for leaf in _leaves(self.value):
-            leaf[...] = 0
+        self.buf[:] = 0
 
     def _write(self, obs: Mapping[str, Any], infos: Mapping[str, Any]) -> None:
         plan, value = self.plan, self.value
@@ -354,7 +335,8 @@ class ParallelAdapter(gymnasium.Env):
                 info = infos.get(a) or {}
                 if mask is None and isinstance(info, Mapping):
                     mask = info.get("action_mask")
-                value["action_mask"][g][i] = _pack(mask, self.n_actions[g], a)
+                bits = self.all_bits[g] if mask is None else _pack(mask, self.n_actions[g], a)
+                value[f"action_mask/{g}"][i] = bits
         for a in self.acting:  # present agents with no observation still act
             g, i = self.where.get(a, (None, 0))
             if g is None:
@@ -362,9 +344,9 @@ class ParallelAdapter(gymnasium.Env):
                     f"env lists agent {a!r} in agents, which is not in possible_agents "
                     f"{list(self.where)}; fix the env's agent names"
                 )
-            value["alive"][g][i] = 1
+            value[f"alive/{g}"][i] = 1
             if g in self.n_actions and a not in obs:
-                value["action_mask"][g][i] = _pack(None, self.n_actions[g], a)
+                value[f"action_mask/{g}"][i] = self.all_bits[g]
         if plan.state_space is not None:
             value["state"][...] = self.env.state()
 
@@ -372,10 +354,10 @@ class ParallelAdapter(gymnasium.Env):
         value = self.value
         for a in acted:
             g, i = self.where[a]
-            value["mask"][g][i] = 1
-            value["reward"][g][i] = float(rewards.get(a, 0.0))
-            value["terminated"][g][i] = bool(terms.get(a, False))
-            value["truncated"][g][i] = bool(truncs.get(a, False))
+            value[f"mask/{g}"][i] = 1
+            value[f"reward/{g}"][i] = float(rewards.get(a, 0.0))
+            value[f"terminated/{g}"][i] = bool(terms.get(a, False))
+            value[f"truncated/{g}"][i] = bool(truncs.get(a, False))
 
 
 def _pack(mask: Any, n: int, agent: str) -> np.ndarray:
@@ -391,16 +373,61 @@ def _pack(mask: Any, n: int, agent: str) -> np.ndarray:
     return np.packbits(arr.astype(bool))
 
 
-def _empty(space: spaces.Space) -> Any:
-    if isinstance(space, spaces.Dict):
-        return {k: _empty(s) for k, s in space.spaces.items()}
-    return np.zeros(space.shape, dtype=space.dtype)
+def value_space(plan: GroupPlan) -> spaces.Dict:
+    """The fields of one env's step (see the module docstring) as a Dict space."""
+    groups = plan.groups
+    parts: dict[str, spaces.Space] = {
+        "obs": spaces.Dict({g: batch_space(plan.obs_spaces[g], len(a)) for g, a in groups.items()}),
+        "reward": spaces.Dict(
+            {g: spaces.Box(-np.inf, np.inf, (len(a),), np.float32) for g, a in groups.items()}
+        ),
+    }
+    for flag in ("terminated", "truncated", "mask", "alive"):
+        parts[flag] = spaces.Dict({g: spaces.MultiBinary(len(a)) for g, a in groups.items()})
+    n_actions = {g: int(s.n) for g, s in plan.act_spaces.items() if isinstance(s, spaces.Discrete)}
+    if n_actions:
+        parts["action_mask"] = spaces.Dict(
+            {
+                g: spaces.Box(0, 255, (len(groups[g]), _bits(n)), np.uint8)
+                for g, n in n_actions.items()
+            }
+        )
+    if plan.state_space is not None:
+        parts["state"] = plan.state_space
+    return spaces.Dict(parts)
 
 
-def _leaves(value: Any) -> list[np.ndarray]:
-    if isinstance(value, dict):
-        return [x for v in value.values() for x in _leaves(v)]
-    return [value]
+Fields = dict[str, tuple[int, tuple[int, ...], str]]  # name -> (byte offset, shape, dtype)
+
+
+def byte_layout(space: spaces.Dict) -> tuple[Fields, int]:
+    """Every leaf of ``space`` at an 8-byte-aligned offset of one byte row, by name
+    (``obs/<group>``, ``obs/<group>/<key>`` for dict observations, ``reward/<group>``,
+    ``state``...); the row's length is a multiple of 8, so that typed views of the rows of a
+    [E, nbytes] array keep whole-element strides."""
+    fields: Fields = {}
+    offset = 0
+    for leaf in space_leaves(space):
+        name = "/".join(map(str, leaf.path))
+        fields[name] = (offset, leaf.shape, leaf.dtype.str)
+        size = int(np.prod(leaf.shape, dtype=np.int64)) * leaf.dtype.itemsize
+        offset += -(-max(size, 1) // 8) * 8
+    return fields, max(offset, 8)
+
+
+def field_views(rows: np.ndarray, fields: Fields) -> dict[str, np.ndarray]:
+    """Typed views of ``rows`` (one byte row ``[nbytes]`` or ``[E, nbytes]``) by field name;
+    never copies (raises if numpy would have to)."""
+    lead = rows.shape[:-1]
+    out = {}
+    for name, (offset, shape, dtype) in fields.items():
+        dt = np.dtype(dtype)
+        size = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        view = rows[..., offset : offset + size].view(dt).reshape((*lead, *shape))
+        if view.size and not np.may_share_memory(view, rows):
+            raise RuntimeError(f"field {name}: a typed view of the shared rows would copy")
+        out[name] = view
+    return out
 
 
 def adapter_factory(

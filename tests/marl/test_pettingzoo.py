@@ -40,6 +40,10 @@ def test_workers_are_torch_free_and_the_env_follows_the_protocol():
         assert isinstance(env, MultiAgentVectorEnv)
         assert env.groups == {"agents": ("a_0", "a_1", "a_2")}
         assert env.device == torch.device("cpu")
+        out = env.reset()
+        rows = env.pool.shared_arrays()["obs"]  # [E, nbytes]: one byte row per env
+        for tensor in (out.obs["agents"], out.reward["agents"], out.mask["agents"], out.state):
+            assert np.shares_memory(tensor.numpy(), rows)  # zero-copy over shared memory
         info = env.worker_info()
         assert len(info) == 2
         for worker in info:

@@ -65,5 +65,5 @@ def test_action_masks_from_observation_dicts_travel_as_bits():
         assert out.action_mask["agents"][0].tolist() == [
             [False, True, True], [True, False, True], [False, False, False]  # a_2 absent
         ]  # fmt: skip
-        bits = env.pool.shared_arrays()["obs/action_mask/agents"]
+        bits = env.shared_fields()["action_mask/agents"]
         assert bits.dtype.name == "uint8" and bits.shape == (2, 3, 1)  # 3 actions in one byte
