@@ -176,7 +176,8 @@ class PettingZooVectorEnv:
             ValueError/TypeError: naming the group (and the agent for values outside its
                 action space), what was expected and what came; nothing is sent.
         """
-        self.pool.step(self._check_actions(actions))
+        checked = self._check_actions(actions)
+        self.pool.step(checked if len(checked) > 1 else next(iter(checked.values())))
         done = self._env_term | self._env_trunc  # [E]
         final_obs = None
         if done.any():

@@ -16,6 +16,7 @@ unchanged. Agents are a fixed axis per group (the env's ``possible_agents`` orde
         "state":       [*state_shape],               # where the env has state_space/state()
     }
     action = {group: [A_g, *act_shape]}              # rows of absent agents are ignored
+                                                     # (one group: the array itself)
 
 The gymnasium-level step reports ``terminated`` when every agent of the env is done (its
 ``agents`` list is empty, or every agent that acted ended), so the pool's ``SameStep``
@@ -258,8 +259,11 @@ class ParallelAdapter(gymnasium.Env):
         self.fields, nbytes = byte_layout(value_space(plan))
         # one flat byte row per env: the pool copies it with one memcpy (no nested value)
         self.observation_space = spaces.Box(0, 255, (nbytes,), np.uint8)
-        self.action_space = spaces.Dict(
-            {g: batch_space(plan.act_spaces[g], len(a)) for g, a in plan.groups.items()}
+        per_group = {g: batch_space(plan.act_spaces[g], len(a)) for g, a in plan.groups.items()}
+        # one group: its [A, *act_shape] array itself (the pool reads one leaf, no dict)
+        self.one_group = len(per_group) == 1
+        self.action_space = (
+            next(iter(per_group.values())) if self.one_group else spaces.Dict(per_group)
         )
         self.buf = np.zeros(nbytes, np.uint8)
         self.value = field_views(self.buf, self.fields)  # name -> typed view into buf
@@ -292,7 +296,7 @@ class ParallelAdapter(gymnasium.Env):
         actions = {}
         for a in acted:
             g, i = self.where[a]
-            row = action[g][i]
+            row = action[i] if self.one_group else action[g][i]
             actions[a] = int(row) if g in self.n_actions else row
         obs, rewards, terms, truncs, infos = self.env.step(actions)
         self._clear()
