@@ -3,25 +3,27 @@
 :class:`ParallelAdapter` is what runs in the pool's workers: it holds one PettingZoo
 ``ParallelEnv`` and turns a step of all its agents into one fixed-layout gymnasium value, so
 that the pool's shared memory, restarts and same-step autoreset carry multi-agent envs
-unchanged. Agents are a fixed axis per group (the env's ``possible_agents`` order)::
+unchanged. Agents are a fixed axis per group (the env's ``possible_agents`` order). The
+value is ONE byte row per env (a ``Box(0, 255, (nbytes,), uint8)`` observation: the pool
+copies it with one memcpy) holding these fields at 8-byte-aligned offsets
+(:func:`byte_layout`; typed views of them by name: :func:`field_views`)::
 
-    observation = {
-        "obs":         {group: [A_g, *obs_shape]},   # zeros for absent / done agents
-        "reward":      {group: [A_g] float32},
-        "terminated":  {group: [A_g] int8},          # 0/1 (MultiBinary)
-        "truncated":   {group: [A_g] int8},
-        "mask":        {group: [A_g] int8},          # the agent acted in this step (reset: present)
-        "alive":       {group: [A_g] int8},          # the agent acts in the next step
-        "action_mask": {group: [A_g, ceil(n / 8)] uint8},  # discrete groups: bits, packed
-        "state":       [*state_shape],               # where the env has state_space/state()
-    }
-    action = {group: [A_g, *act_shape]}              # rows of absent agents are ignored
-                                                     # (one group: the array itself)
+    obs/<group>[/<key>]   [A_g, *obs_shape]        # zeros for absent / done agents
+    reward/<group>        [A_g] float32
+    terminated/<group>    [A_g] int8 (0/1)
+    truncated/<group>     [A_g] int8
+    mask/<group>          [A_g] int8               # the agent acted in this step (reset: present)
+    alive/<group>         [A_g] int8               # the agent acts in the next step
+    action_mask/<group>   [A_g, ceil(n / 8)] uint8 # discrete groups: the mask as packed bits
+    state                 [*state_shape]           # where the env has a global state
+
+    action: {group: [A_g, *act_shape]}             # rows of agents not acting are ignored
+                                                   # (one group: the array itself)
 
 The gymnasium-level step reports ``terminated`` when every agent of the env is done (its
 ``agents`` list is empty, or every agent that acted ended), so the pool's ``SameStep``
 autoreset resets the env in that step and keeps the value above, with the last step's
-rewards and flags, in its final observation arrays. The gymnasium reward is the sum of the
+rewards and flags, in its final observation rows. The gymnasium reward is the sum of the
 agents' rewards (for logs only; per-agent rewards are in the value).
 
 Action masks come from the PettingZoo conventions: an observation dict
@@ -283,7 +285,9 @@ class ParallelAdapter(gymnasium.Env):
         self.acting: list[str] = []  # agents that act in the next step
 
     # --- gymnasium API ----------------------------------------------------------------
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+    def reset(
+        self, *, seed: int | None = None, options: dict | None = None
+    ) -> tuple[np.ndarray, dict]:
         obs, infos = self.env.reset(seed=seed, options=options)
         self._clear()
         self.acting = [str(a) for a in self.env.agents]
@@ -291,7 +295,7 @@ class ParallelAdapter(gymnasium.Env):
         self._flags(self.acting, {}, {}, {})
         return self.buf, {}
 
-    def step(self, action: dict) -> tuple[dict, float, bool, bool, dict]:
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
         acted = self.acting
         actions = {}
         for a in acted:
