@@ -62,7 +62,7 @@ class RaggedEnv(ParallelEnv):
 
     def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
         self.t += 1
-        rewards = {a: float(10 * AGENTS.index(a) + self.t + int(actions[a])) for a in self.agents}
+        rewards = {a: float(10 * AGENTS.index(a) + self.t + actions[a]) for a in self.agents}
         terms = {a: a == "a_1" and self.t >= self.done_at for a in self.agents}
         truncs = {a: self.t >= self.length for a in self.agents}
         obs = {a: self._obs(a) for a in self.agents}
@@ -164,3 +164,18 @@ class NoStateEnv(RaggedEnv):
         del self.state_space
 
     state = ParallelEnv.state
+
+
+class BoxEnv(RaggedEnv):
+    """Continuous actions: Box(-1, 1, (2,)); reward = 10 * agent index + t + sum(action)."""
+
+    def action_space(self, agent: str) -> spaces.Space:
+        return spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        for a, act in actions.items():
+            assert np.shape(act) == (2,), (a, act)
+        obs, rewards, terms, truncs, infos = super().step(
+            {a: float(np.sum(v)) for a, v in actions.items()}
+        )
+        return obs, rewards, terms, truncs, infos

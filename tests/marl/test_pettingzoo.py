@@ -209,6 +209,19 @@ def test_the_global_state_where_the_env_has_one(source, shape):
             assert out.state[0, :3].tolist() == out.obs["agents"][0, 0].tolist()
 
 
+def test_continuous_actions_have_no_action_mask_and_nan_is_refused_for_acting_agents():
+    with make(pz_fakes.BoxEnv, num_envs=2, workers=0) as env:
+        out = env.reset()
+        assert out.action_mask == {"agents": None}
+        act = torch.full((2, 3, 2), 0.25)
+        act[:, 2] = float("nan")  # a_2 is absent: never sent
+        out = env.step({"agents": act})
+        assert out.reward["agents"][:, :2].tolist() == [[1.5, 11.5]] * 2
+        act[0, 0, 1] = float("nan")
+        with pytest.raises(ValueError, match=r"agent 'a_0'.*env 0"):
+            env.step({"agents": act})
+
+
 def test_groups_by_space_and_by_hand():
     with make(pz_fakes.MixedEnv, num_envs=2) as env:
         assert env.groups == {"group_0": ("a_0", "a_1"), "group_1": ("a_2",)}
