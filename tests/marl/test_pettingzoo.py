@@ -4,6 +4,7 @@ per-agent masks, action masks as bits, restarts, the torch-free workers, named e
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -49,6 +50,22 @@ def test_workers_are_torch_free_and_the_env_follows_the_protocol():
         for worker in info:
             assert not [m for m in worker["modules"] if m.split(".")[0] == "torch"]
             assert "pettingzoo" in worker["modules"]  # the envs really live there
+
+
+def test_the_worker_module_imports_without_torch_in_a_fresh_interpreter():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, rlstash.envs.pz_worker, tests.marl.pz_fakes; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=T, cwd=root
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 def test_masks_an_agent_done_early_and_an_absent_agent():
