@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 TORCH_PIN = "torch==2.13.0"
-EXTRAS = "dev,plots,atari,video,docs,hub,minari,wandb,vmas"
+EXTRAS = "dev,plots,atari,video,docs,hub,minari,wandb,vmas,pettingzoo"
 
 
 def _python() -> Path:

@@ -7,6 +7,7 @@ never pull in torch)::
     from rlstash import UniformSampler, PrioritizedSampler, SequenceSampler, plan
     from rlstash import ProcessPoolVectorEnv, Collector, RayCollector, DQN, SAC, DiscreteSAC, PPO, TD3, RateLimiter
     from rlstash import from_rsl_rl   # rsl_rl-style envs (Isaac Lab, Genesis) for the Collector
+    from rlstash import PettingZooVectorEnv   # PettingZoo Parallel envs in the process pool
     from rlstash import RolloutStorage
     from rlstash import Logger, wandb_logger, push_to_hub, pull_from_hub   # tracking, sharing
 """
@@ -48,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     "EnvPool": "rlstash.envs",  # the old name of ProcessPoolVectorEnv: warns once
     "Collector": "rlstash.collect.sync",
     "from_rsl_rl": "rlstash.envs.rsl_rl",  # rsl_rl-style envs (Isaac Lab, Genesis) as batched envs
+    "PettingZooVectorEnv": "rlstash.envs.pettingzoo",  # PettingZoo Parallel envs, multi-agent
     "AsyncCollector": "rlstash.collect.async_",
     "RayCollector": "rlstash.collect.ray",  # Ray itself is imported only when one is built
     "RayActorFailedError": "rlstash.collect.ray",
@@ -120,6 +122,7 @@ __all__ = [
     "MultiAgentVectorEnv",
     "PPO",
     "PPOConfig",
+    "PettingZooVectorEnv",
     "PrioritizedSampler",
     "RateLimiter",
     "RayActorFailedError",
@@ -183,6 +186,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.envs.envpool_env import EnvPoolVectorEnv
     from rlstash.envs.errors import WorkerFailedError
     from rlstash.envs.multiagent import MultiAgentStep, MultiAgentVectorEnv
+    from rlstash.envs.pettingzoo import PettingZooVectorEnv
     from rlstash.envs.process_pool import ProcessPoolVectorEnv
     from rlstash.envs.rsl_rl import from_rsl_rl
     from rlstash.envs.vmas import VmasVectorEnv

@@ -49,6 +49,12 @@ def probe_env(env_id: str, history: int = 0) -> EnvInfo:
             f"history: {env_id} already sees stacks of {FRAME_STACK} frames (Atari preprocessing); "
             "drop --history"
         )
+    if is_multiagent(env_id):
+        raise ValueError(
+            f"env: {env_id!r} is a multi-agent PettingZoo env; single-agent algorithms cannot "
+            "train it: make it with rlstash.envs.make.make_multiagent_env (a "
+            "MultiAgentVectorEnv) and a multi-agent algorithm"
+        )
     try:  # ALE/..., dm_control/..., module:EnvId import their package; ALE: preprocessed
         env = make_atari(env_id, train=False) if is_atari(env_id) else make(env_id)
     except gym.error.Error as exc:
@@ -240,6 +246,62 @@ def make_vec_env(
     return ProcessPoolVectorEnv(
         source, num_envs=num_envs, num_workers=workers, seed=seed, autoreset_mode=mode
     )
+
+
+def is_multiagent(env_id: Any) -> bool:
+    """Whether ``env_id`` names a multi-agent env source (``pettingzoo:<module>``)."""
+    return isinstance(env_id, str) and env_id.startswith("pettingzoo:")
+
+
+def parse_env_kwargs(text: str | None) -> dict[str, Any]:
+    """``--env-kwargs``: a JSON object (``'{"N": 3, "max_cycles": 50}'``); None or "" -> {}.
+
+    Raises:
+        ValueError: naming the flag, what came and the expected form.
+    """
+    import json
+
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"--env-kwargs: expected a JSON object such as '{{\"N\": 3}}', got {text!r} ({exc})"
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"--env-kwargs: expected a JSON object such as '{{\"N\": 3}}', got {text!r} "
+            f"(a {type(value).__name__})"
+        )
+    return value
+
+
+def make_multiagent_env(
+    env_id: str,
+    num_envs: int,
+    workers: int | str | None,
+    seed: int | None,
+    env_kwargs: dict[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """A ``MultiAgentVectorEnv`` (:mod:`rlstash.envs.multiagent`) of a multi-agent id:
+    ``pettingzoo:<module>`` (e.g. ``pettingzoo:mpe2.simple_spread_v3``): that module's
+    ``parallel_env(**env_kwargs)`` in the process pool (:mod:`rlstash.envs.pettingzoo`;
+    ``workers`` 0: in-process). ``options``: more ``PettingZooVectorEnv`` arguments.
+
+    Raises:
+        ValueError: for other ids, naming the id and the accepted forms.
+    """
+    if not is_multiagent(env_id):
+        raise ValueError(
+            f"env: {env_id!r} is not a multi-agent env id; expected 'pettingzoo:<module>' "
+            "(e.g. pettingzoo:mpe2.simple_spread_v3)"
+        )
+    from rlstash.envs.pettingzoo import PettingZooVectorEnv
+
+    n_workers = None if workers == "auto" else workers
+    return PettingZooVectorEnv(env_id, num_envs, n_workers, seed, env_kwargs=env_kwargs, **options)
 
 
 def make_batched_env(

@@ -418,6 +418,15 @@ class ProcessPoolVectorEnv(VectorEnv):
             return []
         return self._backend.worker_info()  # type: ignore[attr-defined]
 
+    def shared_arrays(self) -> dict[str, np.ndarray]:
+        """Views of the pool's shared-memory arrays by field name: ``obs/<leaf path>``,
+        ``final_obs/...`` (same-step), ``act/...``, ``reward``, ``terminated``, ``truncated``,
+        ``final``, ``info``. Each step/reset overwrites them (multi-agent envs build tensors
+        over them: :mod:`rlstash.envs.pettingzoo`); no ``obs/`` fields when observations
+        are pickled."""
+        self._check_open()
+        return dict(self._arrays.shared.arrays)
+
     def envs_of(self, worker: int) -> range:
         """The env indices held by ``worker`` (``num_workers``: the caller's share)."""
         slots = self._backend.slots

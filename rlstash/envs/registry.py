@@ -11,6 +11,7 @@ package an id needs first:
   refused when ``EnvId`` is one of gymnasium's own envs, which the module did not register
   (``envpool:CartPole-v1`` would otherwise train gymnasium's CartPole: EnvPool registers
   nothing with gymnasium, its envs are a backend, ``--env-backend envpool``);
+* ``pettingzoo:<module>`` is multi-agent: refused here (:mod:`rlstash.envs.pettingzoo`);
 * MuJoCo ids (``HalfCheetah-v5``...) are gymnasium's own (``pip install 'rlstash[mujoco]'``).
 """
 
@@ -33,6 +34,11 @@ def register_family(env_id: str) -> None:
     """
     import gymnasium
 
+    if env_id.startswith("pettingzoo:"):
+        raise ValueError(
+            f"env id {env_id!r}: a PettingZoo Parallel env is multi-agent, not a gymnasium id; "
+            "make it with rlstash.envs.make.make_multiagent_env (or PettingZooVectorEnv)"
+        )
     if ":" in env_id:
         module, name = env_id.split(":", 1)
         try:
