@@ -379,6 +379,7 @@ class Agent(Protocol):
     device: torch.device  # the learner's device
     act_device: torch.device  # where ``act`` runs (a copy of the policy when != device)
     updates: int  # gradient steps taken
+    compile_seconds: float  # seconds spent compiling updates (0.0: eager)
     env_steps: int  # env steps acted (non-deterministic ``act`` calls): drives schedules
     nets: Mapping[str, torch.nn.Module]  # every network by name (learner, targets, policy)
 

@@ -77,14 +77,22 @@ class MAPPOConfig(ConfigMixin):
     def __post_init__(self) -> None:
         self.net_arch = tuple(self.net_arch)
         check_types(self)
-        check_positive(self, "learning_rate", "adam_eps", "num_envs", "rollout_steps",
-                       "minibatch_size", "n_epochs", "clip_range", "max_grad_norm")  # fmt: skip
-        for name in ("gamma", "gae_lambda"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name}: expected a value in [0, 1], got {getattr(self, name)}")
-        for name in ("ent_coef", "vf_coef"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)}")
+        check_positive(
+            learning_rate=self.learning_rate,
+            adam_eps=self.adam_eps,
+            num_envs=self.num_envs,
+            rollout_steps=self.rollout_steps,
+            minibatch_size=self.minibatch_size,
+            n_epochs=self.n_epochs,
+            clip_range=self.clip_range,
+            max_grad_norm=self.max_grad_norm,
+        )
+        for name, value in (("gamma", self.gamma), ("gae_lambda", self.gae_lambda)):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name}: expected a value in [0, 1], got {value}")
+        for name, value in (("ent_coef", self.ent_coef), ("vf_coef", self.vf_coef)):
+            if value < 0:
+                raise ValueError(f"{name}: expected >= 0, got {value}")
 
 
 class MAPPO:
@@ -92,6 +100,8 @@ class MAPPO:
     observations of ``obs_dim`` floats (module docstring). Give ``n_actions`` (discrete) or
     ``bounds`` = (low, high) arrays of one agent's Box; ``state_dim`` when the env has a global
     state (else MAPPO's critic takes the ``n_agents * obs_dim`` concatenated observations)."""
+
+    compile_seconds = 0.0  # eager updates (core.Agent)
 
     def __init__(
         self,

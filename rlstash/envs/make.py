@@ -49,7 +49,7 @@ def probe_env(env_id: str, history: int = 0) -> EnvInfo:
             f"history: {env_id} already sees stacks of {FRAME_STACK} frames (Atari preprocessing); "
             "drop --history"
         )
-    if is_multiagent(env_id):
+    if env_id.startswith("pettingzoo:"):
         raise ValueError(
             f"env: {env_id!r} is a multi-agent PettingZoo env; single-agent algorithms cannot "
             "train it: make it with rlstash.envs.make.make_multiagent_env (a "
@@ -249,8 +249,9 @@ def make_vec_env(
 
 
 def is_multiagent(env_id: Any) -> bool:
-    """Whether ``env_id`` names a multi-agent env source (``pettingzoo:<module>``)."""
-    return isinstance(env_id, str) and env_id.startswith("pettingzoo:")
+    """Whether ``env_id`` names a multi-agent env source (``pettingzoo:<module>`` or
+    ``vmas/<scenario>``)."""
+    return isinstance(env_id, str) and env_id.startswith(("pettingzoo:", "vmas/"))
 
 
 def parse_env_kwargs(text: str | None) -> dict[str, Any]:
@@ -283,12 +284,15 @@ def make_multiagent_env(
     workers: int | str | None,
     seed: int | None,
     env_kwargs: dict[str, Any] | None = None,
+    device: Any = "cpu",
     **options: Any,
 ) -> Any:
     """A ``MultiAgentVectorEnv`` (:mod:`rlstash.envs.multiagent`) of a multi-agent id:
     ``pettingzoo:<module>`` (e.g. ``pettingzoo:mpe2.simple_spread_v3``): that module's
     ``parallel_env(**env_kwargs)`` in the process pool (:mod:`rlstash.envs.pettingzoo`;
-    ``workers`` 0: in-process). ``options``: more ``PettingZooVectorEnv`` arguments.
+    ``workers`` 0: in-process; ``options``: more ``PettingZooVectorEnv`` arguments; its
+    tensors are on the CPU); ``vmas/<scenario>``: VMAS's torch-batched scenario on ``device``
+    (:mod:`rlstash.envs.vmas`; ``env_kwargs``: the scenario's settings).
 
     Raises:
         ValueError: for other ids, naming the id and the accepted forms.
@@ -296,8 +300,12 @@ def make_multiagent_env(
     if not is_multiagent(env_id):
         raise ValueError(
             f"env: {env_id!r} is not a multi-agent env id; expected 'pettingzoo:<module>' "
-            "(e.g. pettingzoo:mpe2.simple_spread_v3)"
+            "(e.g. pettingzoo:mpe2.simple_spread_v3) or 'vmas/<scenario>' (e.g. vmas/navigation)"
         )
+    if env_id.startswith("vmas/"):
+        from rlstash.envs.vmas import make_vmas
+
+        return make_vmas(env_id, num_envs, device, seed=seed, **(env_kwargs or {}))
     from rlstash.envs.pettingzoo import PettingZooVectorEnv
 
     n_workers = None if workers == "auto" else workers

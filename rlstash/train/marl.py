@@ -35,6 +35,7 @@ import torch
 from rlstash.agents.mappo import METRICS
 from rlstash.collect.multiagent import MultiAgentCollector
 from rlstash.device import resolve_device as parse_device
+from rlstash.envs.make import is_multiagent, make_multiagent_env, parse_env_kwargs
 from rlstash.envs.multiagent import action_shape, flat_obs_dim
 from rlstash.storage.marl_rollout import MultiAgentRollout
 from rlstash.train import algos, checkpoint
@@ -62,29 +63,19 @@ VMAS_PRESET = dict(eval_every=12_000, eval_episodes=10, checkpoint_every=60_000)
 
 def env_kwargs(cfg: Any) -> dict[str, Any]:
     """The scenario's settings: BenchMARL's task config, then ``cfg.env_kwargs`` (JSON)."""
-    given = getattr(cfg, "env_kwargs", "") or ""
-    try:
-        extra = json.loads(given) if given else {}
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"env_kwargs: expected a JSON object such as '{{\"n_agents\": 4}}', got {given!r} "
-            f"({exc.msg}); fix the quoting"
-        ) from None
-    if not isinstance(extra, dict):
-        raise ValueError(f"env_kwargs: expected a JSON object, got {given!r}")
-    return {**VMAS_TASKS.get(cfg.env, {}), **extra}
+    return {**VMAS_TASKS.get(cfg.env, {}), **parse_env_kwargs(cfg.env_kwargs)}
 
 
 def make_env(cfg: Any, num_envs: int, device: torch.device, seed: int) -> Any:
-    """The run's multi-agent env: ``vmas/<scenario>`` (others are refused with the ids known)."""
-    if not cfg.env.startswith("vmas/"):
+    """The run's multi-agent env: ``vmas/<scenario>`` on ``device``, or ``pettingzoo:<module>``
+    in the process pool (``--workers``); other ids are refused with the forms known."""
+    if not is_multiagent(cfg.env):
         raise ValueError(
             f"env: --algo {cfg.algo} trains multi-agent envs, got {cfg.env!r}; use vmas/<scenario> "
-            "(e.g. vmas/navigation, vmas/balance)"
+            "(e.g. vmas/navigation, vmas/balance) or pettingzoo:<module> "
+            "(e.g. pettingzoo:mpe2.simple_spread_v3)"
         )
-    from rlstash.envs.vmas import make_vmas
-
-    return make_vmas(cfg.env, num_envs, device, seed=seed, **env_kwargs(cfg))
+    return make_multiagent_env(cfg.env, num_envs, cfg.workers, seed, env_kwargs(cfg), device=device)
 
 
 class MultiAgentEval:
