@@ -4,11 +4,17 @@ Its settings are :class:`PlanConfig`, whose replay fields are ``rlstash train``'
 (:class:`~rlstash.train.config.ReplayConfig`: ``--storage``, ``--buffer-size``,
 ``--buffer-device``, ``--compress*``, the same names, help and rules); the rest (the fields,
 the sampler, the layout, the env and frame counts) are plan's own. Nothing is allocated.
+
+With a multi-agent ``--algo`` (mappo, ippo) it plans the [T, E, A] rollout ``rlstash train``
+would allocate for ``--env``, ``--envs`` and ``--env-kwargs`` (train's fields) on
+``--buffer-device``: the rollout's own plan (:meth:`~rlstash.storage.marl_rollout.
+MultiAgentRollout.plan`), refused with the rollout's own line when it does not fit.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +24,17 @@ from rlstash.cli.main import describe
 from rlstash.settings import SettingError, check_types
 from rlstash.settings import setting as s
 from rlstash.spec import Field, Spec
-from rlstash.train.config import check_compression, check_replay_fields, flag, replay_field
+from rlstash.train.config import (
+    TrainConfig,
+    check_compression,
+    check_replay_fields,
+    flag,
+    replay_field,
+)
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rlstash.memory import MemoryPlan
 
 RENAMED = {"buffer_size": ("--capacity",), "buffer_device": ("--device",)}
@@ -57,9 +71,22 @@ class PlanConfig:
     compress: str = replay_field("compress")
     compress_budget: float = replay_field("compress_budget")
     compress_delta: bool = replay_field("compress_delta")
+    algo: str = s(
+        "",
+        "A multi-agent algorithm (mappo, ippo): plan the [T, E, A] rollout rlstash train "
+        "--algo ALGO --env ENV --envs N allocates (on --buffer-device) instead of a replay.",
+    )
+    envs: int | None = s(
+        None, "With --algo: the envs of the rollout, as rlstash train --envs (default: the "
+        "preset's; the rollout keeps its frames: rollout_steps = 6000 // envs).", at_least=1,
+    )  # fmt: skip
+    env_kwargs: str = dataclasses.field(
+        default="", metadata=TrainConfig.__dataclass_fields__["env_kwargs"].metadata
+    )
 
     def __post_init__(self) -> None:
         check_types(self)
+        _check_algo(self)
         _plan_device(self.buffer_device)
         check_replay_fields(self)
         if self.storage == "tiered":
@@ -131,21 +158,99 @@ _ATARI = {  # the default: an Atari-sized buffer (Nature DQN: 1M transitions of 
 }
 
 
+def _check_algo(cfg: PlanConfig) -> None:
+    """``--algo`` names a multi-agent algorithm with its ``--env``; ``--envs`` and
+    ``--env-kwargs`` come with it (SettingErrors naming the field)."""
+    from rlstash.train import algos
+
+    if not cfg.algo:
+        for name, value in (("envs", cfg.envs), ("env_kwargs", cfg.env_kwargs)):
+            if value:
+                raise SettingError(
+                    name, "a rollout's setting, given with --algo mappo|ippo", value,
+                    "add --algo mappo (or ippo), or drop it (--num-envs: the stream layout's envs)",
+                )  # fmt: skip
+        return
+    multi = sorted(n for n, a in algos.ALGOS.items() if a.store == "multiagent")
+    if cfg.algo not in multi:
+        raise SettingError(
+            "algo", f"a multi-agent algorithm ({', '.join(multi)}): plan plans its rollout",
+            cfg.algo, "drop --algo to plan a replay buffer (--env, --field)",
+        )  # fmt: skip
+    if not cfg.env:
+        raise SettingError(
+            "env", f"the multi-agent env --algo {cfg.algo} trains", cfg.env,
+            "e.g. --env vmas/navigation or --env pettingzoo:mpe2.simple_spread_v3",
+        )  # fmt: skip
+    if cfg.storage != "ram" or cfg.field:
+        raise SettingError(
+            "storage" if cfg.storage != "ram" else "field",
+            f"none with --algo {cfg.algo}: its rollout lives in memory, its fields are the env's",
+            cfg.storage if cfg.storage != "ram" else cfg.field, "drop it",
+        )  # fmt: skip
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the plan of ``rlstash plan``'s flags: exit 0 when it fits, 1 when not."""
+    from rlstash.memory import InsufficientMemoryError
+
+    if plan_config(args).algo:
+        result, head, refuse = build_rollout_plan(args)
+        print(head)
+        print()
+        print(result.format_table())
+        if not result.fits:
+            try:
+                refuse()  # the rollout's own refusal, as rlstash train would print it
+                result.check()
+            except InsufficientMemoryError as exc:
+                print(f"\ndoes not fit: {exc}")
+        return 0 if result.fits else 1
     result, stream = build_plan(args)
     print(result.format_table())
     if stream:
         print()
         print(stream)
     if not result.fits:
-        from rlstash.memory import InsufficientMemoryError
-
         try:
             result.check()
         except InsufficientMemoryError as exc:
             print(f"\ndoes not fit: {exc}")
     return 0 if result.fits else 1
+
+
+def build_rollout_plan(
+    args: argparse.Namespace | PlanConfig,
+) -> tuple[MemoryPlan, str, Callable[[], None]]:
+    """(the memory plan of the multi-agent rollout of ``--algo``, ``--env``, ``--envs`` and
+    ``--env-kwargs`` on ``--buffer-device``, a line naming its sizes, a call raising the
+    rollout's refusal when it does not fit): :func:`rlstash.train.marl.plan_rollout`, the
+    settings resolved as ``rlstash train`` resolves them. Nothing is allocated."""
+    import functools
+
+    import torch
+
+    from rlstash.storage.marl_rollout import MultiAgentRollout
+    from rlstash.train import marl
+
+    args = plan_config(args)
+    device = torch.device(args.buffer_device)
+    given = dict(algo=args.algo, env=args.env, env_kwargs=args.env_kwargs, device=str(device))
+    try:
+        cfg = TrainConfig(**given, envs=args.envs or 1)
+        result, sizes = marl.plan_rollout(cfg, device)
+    except SettingError as exc:
+        raise ValueError(relabel(exc, PlanConfig)) from None
+    state = "none" if sizes["state_dim"] is None else f"[T + 1, E, {sizes['state_dim']}]"
+    T, E, A = sizes["steps"], sizes["num_envs"], sizes["n_agents"]
+    head = (
+        f"MultiAgentRollout of --algo {args.algo} on {args.env}: T={T} steps x E={E} envs x "
+        f"A={A} agents; obs [T + 1, E, A, {sizes['obs_dim']}], state {state}, action "
+        f"[T, E, A{''.join(f', {d}' for d in sizes['action_shape'])}], mask and flags "
+        f"[T, E, A]. Rows are envs: each field below is one env's [T, A, ...]"
+    )
+    refuse = functools.partial(MultiAgentRollout.check_fits, result.fields, T, E, A, device)
+    return result, head, refuse
 
 
 def build_plan(args: argparse.Namespace | PlanConfig) -> tuple[MemoryPlan, str]:

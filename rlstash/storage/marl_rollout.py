@@ -39,15 +39,33 @@ per agent) holds ``2 * D`` floats per agent-step; here it is ``D (T + 1) / T + 1
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from rlstash.memory import check_needs
+from rlstash.spec import Field, Spec
+
+if TYPE_CHECKING:
+    from rlstash.memory import MemoryPlan
 
 _PER_AGENT = ("logp", "reward", "terminated", "cont", "mask", "final_value")
+_FLOATS, _FLAGS = ("logp", "reward", "final_value"), ("terminated", "cont", "mask")
 
 
 class MultiAgentRollout:
     """[T, E, A] rollout storage of one agent group (module docstring)."""
+
+    obs: torch.Tensor
+    state: torch.Tensor | None
+    action: torch.Tensor
+    logp: torch.Tensor
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    cont: torch.Tensor
+    mask: torch.Tensor
+    final_value: torch.Tensor
+    action_mask: torch.Tensor | None
 
     def __init__(
         self,
@@ -73,50 +91,75 @@ class MultiAgentRollout:
             steps, num_envs, n_agents, obs_dim, self.action_shape, action_dtype, state_dim,
             n_action_mask,
         )  # fmt: skip
-        check_needs(  # refused before anything is allocated (invariant I2)
-            f"a MultiAgentRollout of {steps:,} steps x {num_envs:,} envs x {n_agents} agents",
-            {str(self.device): plan},
-            "fewer steps per rollout or fewer envs (rlstash train --envs)",
+        self.check_fits(plan, steps, num_envs, n_agents, self.device)  # before allocating (I2)
+        self.state = self.action_mask = None  # where the env has none
+        spec = self.spec(
+            steps, n_agents, obs_dim, self.action_shape, action_dtype, state_dim, n_action_mask
         )
-        T, E, A = steps, num_envs, n_agents
-
-        def alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros(shape, dtype=dtype, device=self.device)
-
-        self.obs = alloc((T + 1, E, A, obs_dim), torch.float32)
-        self.state = None if state_dim is None else alloc((T + 1, E, state_dim), torch.float32)
-        self.action = alloc((T, E, A, *self.action_shape), action_dtype)
-        self.logp = alloc((T, E, A), torch.float32)
-        self.reward = alloc((T, E, A), torch.float32)
-        self.terminated, self.cont = alloc((T, E, A), torch.bool), alloc((T, E, A), torch.bool)
-        self.mask = alloc((T, E, A), torch.bool)
-        self.final_value = alloc((T, E, A), torch.float32)
-        self.action_mask = (
-            None if n_action_mask is None else alloc((T, E, A, n_action_mask), torch.bool)
-        )
+        for name, f in spec.items():  # each field [T(+1), A, ...] per env: E envs on axis 1
+            shape = (f.shape[0], num_envs, *f.shape[1:])
+            setattr(self, name, torch.zeros(shape, dtype=f.dtype, device=self.device))
 
     @staticmethod
+    def spec(
+        steps: int, n_agents: int, obs_dim: int, action_shape: tuple[int, ...] = (),
+        action_dtype: torch.dtype = torch.float32, state_dim: int | None = None,
+        n_action_mask: int | None = None,
+    ) -> Spec:  # fmt: skip
+        """The rollout's tensors as the fields of one env's rows (the module's table without
+        the E axis): what it allocates is ``num_envs`` of these, on axis 1."""
+        T, A = steps, n_agents
+        fields = {"obs": Field((T + 1, A, obs_dim), torch.float32)}
+        if state_dim is not None:
+            fields["state"] = Field((T + 1, state_dim), torch.float32)
+        fields["action"] = Field((T, A, *action_shape), action_dtype)
+        fields.update({n: Field((T, A), torch.float32) for n in _FLOATS})
+        fields.update({n: Field((T, A), torch.bool) for n in _FLAGS})
+        if n_action_mask is not None:
+            fields["action_mask"] = Field((T, A, n_action_mask), torch.bool)
+        return Spec(fields)
+
+    @classmethod
     def plan_bytes(
-        steps: int, num_envs: int, n_agents: int, obs_dim: int,
+        cls, steps: int, num_envs: int, n_agents: int, obs_dim: int,
         action_shape: tuple[int, ...] = (), action_dtype: torch.dtype = torch.float32,
         state_dim: int | None = None, n_action_mask: int | None = None,
     ) -> dict[str, int]:  # fmt: skip
         """Exact bytes of the tensors a rollout of these sizes allocates, by field."""
-        T, E, A = steps, num_envs, n_agents
-        act = 1
-        for s in action_shape:
-            act *= int(s)
-        out = {
-            "obs": (T + 1) * E * A * obs_dim * 4,
-            "action": T * E * A * act * torch.empty((), dtype=action_dtype).element_size(),
-            "per-agent floats (logp, reward, final_value)": 3 * 4 * T * E * A,
-            "flags (terminated, cont, mask)": 3 * T * E * A,
-        }
-        if state_dim is not None:
-            out["state"] = (T + 1) * E * state_dim * 4
-        if n_action_mask is not None:
-            out["action_mask"] = T * E * A * n_action_mask
-        return out
+        spec = cls.spec(
+            steps, n_agents, obs_dim, tuple(action_shape), action_dtype, state_dim, n_action_mask
+        )
+        return spec.field_nbytes(num_envs)
+
+    @classmethod
+    def plan(
+        cls, steps: int, num_envs: int, n_agents: int, obs_dim: int,
+        action_shape: tuple[int, ...] = (), action_dtype: torch.dtype = torch.float32,
+        state_dim: int | None = None, n_action_mask: int | None = None,
+        device: torch.device | str = "cpu",
+    ) -> MemoryPlan:  # fmt: skip
+        """The :class:`~rlstash.memory.MemoryPlan` of a rollout on ``device`` (rows: envs; the
+        bytes per field are :meth:`plan_bytes`'), what is free there and whether it fits;
+        nothing is allocated (``rlstash plan --algo mappo``)."""
+        from rlstash.memory import plan
+
+        spec = cls.spec(
+            steps, n_agents, obs_dim, tuple(action_shape), action_dtype, state_dim, n_action_mask
+        )
+        return plan(spec, num_envs, device=device)
+
+    @staticmethod
+    def check_fits(
+        needs: dict[str, int], steps: int, num_envs: int, n_agents: int, device: torch.device
+    ) -> None:
+        """Refuse a rollout whose ``needs`` (:meth:`plan_bytes`) do not fit on ``device``:
+        one :class:`~rlstash.memory.InsufficientMemoryError` line naming the sizes and the
+        fix (invariant I2: before anything is allocated)."""
+        check_needs(
+            f"a MultiAgentRollout of {steps:,} steps x {num_envs:,} envs x {n_agents} agents",
+            {str(device): needs},
+            "fewer steps per rollout or fewer envs (rlstash train --envs)",
+        )
 
     @property
     def nbytes(self) -> int:

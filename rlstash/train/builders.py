@@ -1,15 +1,21 @@
 """Set-up of a training run, top to bottom (:func:`build_run`), like Acme's
 ``run_experiment``: env source -> store -> agent -> collector -> loop::
 
-    learning = LEARNING[ALGOS[cfg.algo].store]      # what differs: REPLAY or onpolicy.ROLLOUT
-    info = probe_env(cfg.env, cfg.history)          # spaces and reward threshold; refuses bad ids
-    cfg, agent_cfg = algos.resolve(cfg, ...)        # defaults < env preset < what was given
-    env = learning.make_env(...)                    # make_vec_env: ProcessPoolVectorEnv | batched
-    store = learning.make_store(...)                # make_buffer (stream replay) | RolloutStorage
-    agent = make_agent(cfg, agent_cfg, ...)         # the algorithm's learner for the action space
-    limiter = learning.make_limiter(cfg)            # updates per inserted frame (replay only)
-    collector, publish = make_collector(...)        # Collector, or with --ray a RayCollector
-    eval_collector = Collector(learning.make_eval_env(...))
+    learning = LEARNING[ALGOS[cfg.algo].store]  # REPLAY | ROLLOUT | OFFLINE | MULTIAGENT
+    learning.check(cfg); ray_run.check(cfg)     # settings it has no use for; --ray's own
+    cfg = learning.with_dataset(cfg)            # --dataset: the env it names (replay, offline)
+    info = learning.probe(cfg, device)          # EnvInfo (multi-agent: + agents, state)
+    cfg, agent_cfg = algos.resolve(cfg, ...)    # defaults < env preset < what was given
+    cfg, agent_cfg = learning.resolve(...)      # what the learning derives (rollout sizes...)
+    cfg, why = learning.pick_backend(cfg); cfg = learning.place(cfg, device)
+    store = learning.make_store(...)            # stream replay | RolloutStorage | dataset
+                                                #   | MultiAgentRollout: each planned first
+    agent = learning.make_agent(...)            # the algorithm's learner for the spaces
+    env = learning.make_env(...)                # make_vec_env | make_multiagent_env
+    limiter = learning.make_limiter(cfg)        # updates per inserted frame (replay only)
+    collector, publish = learning.make_collector(...)  # Collector | RayCollector | multi-agent
+    eval_collector = learning.make_eval(...)    # deterministic evaluation on its own envs
+    run.settings, run.env_note = learning.settings(...), learning.env_note(...)
     # the loop (:func:`rlstash.train.loop.run_loop`) then runs them
 
 Env construction is :mod:`rlstash.envs.make` (``probe_env``, ``make_vec_env``... are
@@ -22,14 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlstash.collect.sync import Collector
 from rlstash.envs import make as envs_make
 from rlstash.envs.make import EnvInfo, is_batched, make_eval_env, make_vec_env, probe_env
 from rlstash.ratelimit import RateLimiter
@@ -38,7 +42,7 @@ from rlstash.spec import Spec
 from rlstash.storage.stream import StreamStorage
 from rlstash.train import algos, checkpoint, marl, offline, onpolicy, ray_run, run_memory, video
 from rlstash.train.config import STORAGES, TrainConfig
-from rlstash.train.run import Learning, Run, make_run_dir, step_spec
+from rlstash.train.run import Learning, Run, make_agent, make_collector, make_run_dir, step_spec
 
 __all__ = [
     "DEFAULT_THRESHOLDS", "LEARNING", "REPLAY", "EnvInfo", "Run", "build_run", "collect_frames",
@@ -54,25 +58,20 @@ _factory = envs_make.factory  # the former private name
 def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = None) -> Run:
     """Everything a run needs, from its config (and a checkpoint's ``state`` when resuming).
     Settings are checked before ``run_dir`` is created; a run refused later removes it again.
-    What differs between off- and on-policy algorithms is the :class:`Learning` of the store
-    their registry entry names (:attr:`rlstash.train.algos.Algo.store`)."""
+    What differs between the algorithms is the :class:`Learning` of the store their registry
+    entry names (:attr:`rlstash.train.algos.Algo.store`): one path for all four stores."""
     learning = LEARNING[algos.ALGOS[cfg.algo].store]
-    if learning.name == "multiagent":  # MAPPO/IPPO: their own env, rollout and collector
-        return marl.build_run(cfg, run_dir, state)
-    if cfg.ray:
-        ray_run.check(cfg)
     torch.set_num_threads(cfg.torch_threads)
     learning.check(cfg)
-    cfg = offline.with_dataset_env(cfg)  # --dataset: the env it names
-    info = probe_env(cfg.env, cfg.history)
+    if cfg.ray:
+        ray_run.check(cfg)
+    cfg = learning.with_dataset(cfg)  # --dataset: the env it names (refused where unused)
+    device = resolve_device(cfg.device, "device")
+    info = learning.probe(cfg, device)  # spaces and threshold; refuses bad ids
     given = dict(cfg.agent)
     cfg, agent_cfg = algos.resolve(cfg, info.act_space)
     cfg, agent_cfg = learning.resolve(cfg, agent_cfg, given)
-    backend, why = envs_make.resolve_backend(
-        cfg.env_backend, cfg.env, cfg.history, learning.name == "rollout", bool(cfg.ray)
-    )
-    cfg = dataclasses.replace(cfg, env_backend=backend)  # the resolved config records it
-    device = resolve_device(cfg.device, "device")
+    cfg, why = learning.pick_backend(cfg)  # the resolved config records the env backend
     cfg = learning.place(cfg, device)
     if cfg.video:
         video.check_available()
@@ -82,30 +81,28 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
         # store and agent first: each is refused before it allocates (invariant I2)
         store = learning.make_store(cfg, agent_cfg, info, run_dir, device, state)
         undo.callback(learning.close_store, store)
-        agent = make_agent(cfg, agent_cfg, info, device)
+        agent = learning.make_agent(cfg, agent_cfg, info, device)
         env = None
         if not cfg.ray:  # else the collector's Ray actors hold the envs
-            env = learning.make_env(cfg, agent_cfg, info, device)
+            env = learning.make_env(cfg, agent_cfg, info, device, cfg.seed + step)
             undo.callback(env.close)
         limiter = learning.make_limiter(cfg)
         frames = learning.collect_frames(cfg, agent_cfg)
         agent.planned_updates = learning.planned_updates(cfg, agent_cfg, limiter, frames)
-        collector, publish = make_collector(
+        collector, publish = learning.make_collector(
             cfg, agent_cfg, info, env, agent, limiter, frames, cfg.seed + step
         )
         if env is None:  # Ray: the collector's actors hold the envs; closing the run closes it
             env = collector
             undo.callback(collector.close)
-        n_eval = min(cfg.eval_episodes, 10)
         recorder = video.Recorder(run_dir / "videos") if cfg.video else None
-        eval_env = learning.make_eval_env(cfg, agent_cfg, info, n_eval, recorder)
-        undo.callback(eval_env.close)
-        eval_collector = Collector(eval_env, agent.act, n_eval, device=agent.act_device)
+        eval_collector = learning.make_eval(cfg, agent_cfg, info, agent, recorder)
+        undo.callback(eval_collector.env.close)
         threshold = envs_make.threshold_of(cfg.env, info, cfg.threshold)
         run = Run(cfg, run_dir, threshold, device, env, store, agent, collector, eval_collector,
                   learning, limiter, recorder=recorder, publish=publish)  # fmt: skip
-        run.settings = checkpoint.settings(cfg, info)
-        run.env_note = envs_make.describe_env(cfg.env, backend, why, env)
+        run.settings = learning.settings(cfg, info)
+        run.env_note = learning.env_note(cfg, why, env)
         if state is not None:
             with checkpoint.reading(run_dir / checkpoint.NAME / checkpoint.STATE):
                 agent.load_state_dict(state["agent"])
@@ -115,20 +112,6 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
             run.step = step
         undo.pop_all()
     return run
-
-
-def make_collector(
-    cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, env: Any, agent: Any,
-    limiter: RateLimiter | None, frames: int, seed: int,
-) -> tuple[Any, Callable[[Run], None] | None]:  # fmt: skip
-    """(the run's collector of ``frames`` env steps per batch, how the learner's policy
-    reaches it): a :class:`Collector` stepping ``env`` with the agent itself in this process,
-    or with ``--ray`` a RayCollector whose actors hold the envs and CPU copies of the agent
-    (``ray_run.publish`` sends them the learner's policy)."""
-    if cfg.ray:
-        collector = ray_run.make_collector(cfg, agent_cfg, info, limiter, frames, seed, make_agent)
-        return collector, ray_run.publish
-    return Collector(env, agent.act, frames, device=agent.act_device, seed=seed), None
 
 
 class ReplayLearning(Learning):
@@ -144,8 +127,11 @@ class ReplayLearning(Learning):
         resolve_device(cfg.buffer_device, "buffer_device")
         return cfg
 
+    def with_dataset(self, cfg: TrainConfig) -> TrainConfig:
+        return offline.with_dataset_env(cfg)  # offline-to-online: make_store seeds the replay
+
     def make_env(
-        self, cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, device: torch.device
+        self, cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, device: torch.device, seed: int
     ) -> Any:
         return make_vec_env(
             cfg.env, cfg.envs, cfg.workers, None, cfg.history, device, backend=cfg.env_backend
@@ -221,17 +207,6 @@ LEARNING: dict[str, Learning] = {
     "multiagent": marl.MULTIAGENT,
 }
 """Store name (:attr:`rlstash.train.algos.Algo.store`) -> the :class:`Learning` of its runs."""
-
-
-def make_agent(cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, device: torch.device) -> Any:
-    """The algorithm's learner for the env's action space (``cfg`` resolved); networks that
-    do not fit are refused before they are built, naming the flags (:mod:`.run_memory`)."""
-    learner = algos.ALGOS[cfg.algo].learner(info.act_space, cfg.env)
-    build = functools.partial(
-        learner.build, tuple(info.obs_space.shape), info.act_space, agent_cfg, device
-    )
-    run_memory.check_agent(build)
-    return build()
 
 
 def make_limiter(cfg: TrainConfig) -> RateLimiter:

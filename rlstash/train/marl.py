@@ -12,9 +12,11 @@ vmas/navigation``.
         evaluate / checkpoint / log at their intervals (rlstash.train.drive)
 
 :data:`MULTIAGENT` is the :class:`~rlstash.train.run.Learning` of the algorithms whose
-registry entry says ``store="multiagent"``; :func:`build_run` builds their run
-(``builders.build_run`` hands such configs here), and the loop, evaluation (deterministic, on
-its own envs), checkpoints, resume and the learning curve are :mod:`rlstash.train.drive`'s.
+registry entry says ``store="multiagent"``: its hooks (``probe``: a :class:`MultiAgentInfo`;
+``make_store``, ``make_agent``, ``make_env``, ``make_collector``, ``make_eval``, ``settings``)
+are the steps of :func:`rlstash.train.builders.build_run` that differ, and the loop,
+evaluation (deterministic, on its own envs), checkpoints, resume and the learning curve are
+:mod:`rlstash.train.drive`'s. :func:`plan_rollout` is ``rlstash plan --algo mappo``'s.
 Frames count env steps (each with all its agents), as BenchMARL counts them. The scenario's
 settings are BenchMARL's task configs (:data:`VMAS_TASKS`) overridden by ``--env-kwargs``
 (JSON). With ``--envs N`` a rollout keeps the preset's frames (6,000): ``rollout_steps`` becomes
@@ -23,23 +25,25 @@ settings are BenchMARL's task configs (:data:`VMAS_TASKS`) overridden by ``--env
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlstash.agents.mappo import METRICS
 from rlstash.collect.multiagent import MultiAgentCollector
-from rlstash.device import resolve_device as parse_device
-from rlstash.envs.make import is_multiagent, make_multiagent_env, parse_env_kwargs
+from rlstash.envs.make import EnvInfo, is_multiagent, make_multiagent_env, parse_env_kwargs
 from rlstash.envs.multiagent import action_shape, flat_obs_dim
 from rlstash.storage.marl_rollout import MultiAgentRollout
 from rlstash.train import algos, checkpoint
-from rlstash.train.run import Learning, Run, make_run_dir
+from rlstash.train.run import Learning, Run
+
+if TYPE_CHECKING:
+    from rlstash.memory import MemoryPlan
 
 VMAS_TASKS: dict[str, dict[str, Any]] = {  # BenchMARL 1.5: conf/task/vmas/<task>.yaml
     "vmas/navigation": dict(
@@ -76,6 +80,35 @@ def make_env(cfg: Any, num_envs: int, device: torch.device, seed: int) -> Any:
             "(e.g. pettingzoo:mpe2.simple_spread_v3)"
         )
     return make_multiagent_env(cfg.env, num_envs, cfg.workers, seed, env_kwargs(cfg), device=device)
+
+
+@dataclass
+class MultiAgentInfo(EnvInfo):
+    """What a multi-agent run knows of its env before making it (:meth:`MultiAgentLearning.
+    probe`): one agent's spaces (``obs_space``, ``act_space``: the group's), the agents and the
+    global state's space (None: the env has none)."""
+
+    n_agents: int = 1
+    state_space: Any = None
+
+    @property
+    def obs_dim(self) -> int:
+        """One agent's observation, flattened (a dict's keys concatenated)."""
+        return flat_obs_dim(self.obs_space)
+
+    @property
+    def state_dim(self) -> int | None:
+        return None if self.state_space is None else flat_obs_dim(self.state_space)
+
+
+def rollout_sizes(agent_cfg: Any, info: MultiAgentInfo) -> dict[str, Any]:
+    """The :class:`MultiAgentRollout` arguments of a run (its plan and its store alike)."""
+    shape, discrete = action_shape(info.act_space)
+    return dict(
+        steps=agent_cfg.rollout_steps, num_envs=agent_cfg.num_envs, n_agents=info.n_agents,
+        obs_dim=info.obs_dim, action_shape=shape,
+        action_dtype=torch.int64 if discrete else torch.float32, state_dim=info.state_dim,
+    )  # fmt: skip
 
 
 class MultiAgentEval:
@@ -120,6 +153,63 @@ class MultiAgentLearning(Learning):
         agent_cfg = dataclasses.replace(agent_cfg, **changes)
         cfg = dataclasses.replace(cfg, agent={**cfg.agent, **changes})
         return cfg, agent_cfg
+
+    def probe(self, cfg: Any, device: torch.device) -> MultiAgentInfo:
+        env = make_env(cfg, 1, device, cfg.seed)  # spaces, then closed
+        try:
+            group = _one_group(env, cfg)
+            return MultiAgentInfo(
+                env.observation_spaces[group], env.action_spaces[group], None,
+                n_agents=len(env.groups[group]), state_space=env.state_space,
+            )  # fmt: skip
+        finally:
+            env.close()
+
+    def pick_backend(self, cfg: Any) -> tuple[Any, str]:
+        return cfg, ""  # VMAS on the learner's device, PettingZoo in the process pool
+
+    def env_note(self, cfg: Any, why: str, env: Any) -> str:
+        return ""  # the env is described with the rollout (describe)
+
+    def settings(self, cfg: Any, info: MultiAgentInfo) -> dict[str, Any]:
+        return {
+            "algo": cfg.algo, "env": cfg.env, "env_kwargs": env_kwargs(cfg),
+            "net_arch": checkpoint.as_json(cfg.agent.get("net_arch")),
+            "agents": info.n_agents, "agent_obs_dim": info.obs_dim,
+            "agent_action_space": str(info.act_space),
+        }  # fmt: skip
+
+    def make_store(
+        self, cfg: Any, agent_cfg: Any, info: MultiAgentInfo, run_dir: Path,
+        device: torch.device, state: dict[str, Any] | None,
+    ) -> MultiAgentRollout:  # fmt: skip
+        return MultiAgentRollout(**rollout_sizes(agent_cfg, info), device=device)
+
+    def make_agent(
+        self, cfg: Any, agent_cfg: Any, info: MultiAgentInfo, device: torch.device
+    ) -> Any:
+        learner = algos.ALGOS[cfg.algo].learner(info.act_space, cfg.env)
+        sizes = (info.n_agents, info.obs_dim, info.state_dim)
+        return learner.build(sizes, info.act_space, agent_cfg, device)
+
+    def make_env(
+        self, cfg: Any, agent_cfg: Any, info: MultiAgentInfo, device: torch.device, seed: int
+    ) -> Any:
+        return make_env(cfg, agent_cfg.num_envs, device, seed)
+
+    def make_collector(
+        self, cfg: Any, agent_cfg: Any, info: MultiAgentInfo, env: Any, agent: Any,
+        limiter: Any, frames: int, seed: int,
+    ) -> tuple[MultiAgentCollector, None]:  # fmt: skip
+        collector = MultiAgentCollector(env, seed=seed)
+        collector.steps_per_batch = agent_cfg.rollout_steps
+        return collector, None
+
+    def make_eval(
+        self, cfg: Any, agent_cfg: Any, info: MultiAgentInfo, agent: Any, recorder: Any
+    ) -> MultiAgentEval:
+        device = agent.device
+        return MultiAgentEval(make_env(cfg, min(cfg.eval_episodes, 10), device, cfg.seed + 10_000))
 
     def collect_frames(self, cfg: Any, agent_cfg: Any) -> int:
         return agent_cfg.rollout_steps * agent_cfg.num_envs
@@ -181,55 +271,18 @@ def _check_no_replay(cfg: Any) -> None:
             raise ValueError(f"{name}: a replay setting, not used by --algo {cfg.algo}; {fix}")
 
 
-def build_run(cfg: Any, run_dir: Path, state: dict[str, Any] | None = None) -> Run:
-    """A multi-agent run from its config (and a checkpoint's ``state`` when resuming): env,
-    rollout (planned before allocation), agent, collector, evaluation envs."""
-    torch.set_num_threads(cfg.torch_threads)
+def plan_rollout(cfg: Any, device: torch.device) -> tuple[MemoryPlan, dict[str, Any]]:
+    """(the memory plan of the rollout a run of ``cfg`` allocates on ``device``, its
+    :class:`MultiAgentRollout` sizes), settings resolved as ``rlstash train`` resolves them
+    (preset, ``--envs``) and the env probed; nothing is allocated. The bytes are the rollout's
+    own (:meth:`MultiAgentRollout.plan`: the arithmetic it checks itself with)."""
     MULTIAGENT.check(cfg)
-    device = parse_device(cfg.device, "device")
-    assert device is not None
-    probe = make_env(cfg, 1, device, cfg.seed)  # spaces, then closed
-    try:
-        group = _one_group(probe, cfg)
-        obs_space, act_space = probe.observation_spaces[group], probe.action_spaces[group]
-        n_agents, state_space = len(probe.groups[group]), probe.state_space
-    finally:
-        probe.close()
+    info = MULTIAGENT.probe(cfg, device)
     given = dict(cfg.agent)
-    cfg, agent_cfg = algos.resolve(cfg, act_space)
+    cfg, agent_cfg = algos.resolve(cfg, info.act_space)
     cfg, agent_cfg = MULTIAGENT.resolve(cfg, agent_cfg, given)
-    step = state["step"] if state else 0
-    obs_dim = flat_obs_dim(obs_space)
-    state_dim = None if state_space is None else flat_obs_dim(state_space)
-    shape, discrete = action_shape(act_space)
-    with contextlib.ExitStack() as undo:
-        make_run_dir(run_dir, undo)
-        rollout = MultiAgentRollout(
-            agent_cfg.rollout_steps, agent_cfg.num_envs, n_agents, obs_dim, shape,
-            torch.int64 if discrete else torch.float32, state_dim, device=device,
-        )  # fmt: skip
-        learner = algos.ALGOS[cfg.algo].learner(act_space, cfg.env)
-        agent = learner.build((n_agents, obs_dim, state_dim), act_space, agent_cfg, device)
-        env = make_env(cfg, agent_cfg.num_envs, device, cfg.seed + step)
-        undo.callback(env.close)
-        collector = MultiAgentCollector(env, seed=cfg.seed + step)
-        collector.steps_per_batch = rollout.steps
-        eval_env = make_env(cfg, min(cfg.eval_episodes, 10), device, cfg.seed + 10_000)
-        undo.callback(eval_env.close)
-        run = Run(cfg, run_dir, cfg.threshold, device, env, rollout, agent, collector,
-                  MultiAgentEval(eval_env), MULTIAGENT)  # fmt: skip
-        run.settings = {
-            "algo": cfg.algo, "env": cfg.env, "env_kwargs": env_kwargs(cfg),
-            "net_arch": checkpoint.as_json(cfg.agent.get("net_arch")),
-            "agents": n_agents, "agent_obs_dim": obs_dim, "agent_action_space": str(act_space),
-        }  # fmt: skip
-        if state is not None:
-            with checkpoint.reading(run_dir / checkpoint.NAME / checkpoint.STATE):
-                agent.load_state_dict(state["agent"])
-                run.train_seconds, run.evals = state["train_seconds"], state["evals"]
-            run.step = step
-        undo.pop_all()
-    return run
+    sizes = rollout_sizes(agent_cfg, info)
+    return MultiAgentRollout.plan(**sizes, device=device), sizes
 
 
 def _one_group(env: Any, cfg: Any) -> str:
@@ -242,4 +295,12 @@ def _one_group(env: Any, cfg: Any) -> str:
     return next(iter(env.groups))
 
 
-__all__ = ["METRICS", "MULTIAGENT", "VMAS_PRESET", "VMAS_TASKS", "build_run"]
+__all__ = [
+    "METRICS",
+    "MULTIAGENT",
+    "VMAS_PRESET",
+    "VMAS_TASKS",
+    "MultiAgentInfo",
+    "plan_rollout",
+    "rollout_sizes",
+]

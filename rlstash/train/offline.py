@@ -32,17 +32,12 @@ DEFAULT_ENV = "CartPole-v1"  # TrainConfig.env's default: --dataset replaces it 
 
 def with_dataset_env(cfg: Any) -> Any:
     """``cfg`` with ``env`` set to the env its ``dataset`` names (unchanged without one); a
-    ValueError when ``--env`` names another env, or the dataset is no local Minari dataset."""
+    ValueError when ``--env`` names another env, or the dataset is no local Minari dataset.
+    The ``with_dataset`` step of the learnings that use a dataset (replay, offline); the
+    others refuse ``--dataset`` (:meth:`rlstash.train.run.Learning.with_dataset`)."""
     if not cfg.dataset:
         return cfg
     from rlstash.datasets import minari as mds
-    from rlstash.train.algos import ALGOS
-
-    if ALGOS[cfg.algo].on_policy:
-        raise ValueError(
-            f"dataset: --algo {cfg.algo} learns on-policy, from its own rollouts only; use "
-            f"--algo iql or td3_bc (offline) or sac or td3 (seeded with the dataset)"
-        )
 
     env = mds.env_id(cfg.dataset)
     if cfg.env not in (DEFAULT_ENV, env):
@@ -98,10 +93,13 @@ class OfflineLearning(Learning):
             if value:
                 raise ValueError(f"{name}: not used by offline --algo {cfg.algo}; drop it")
 
+    def with_dataset(self, cfg: Any) -> Any:
+        return with_dataset_env(cfg)
+
     def place(self, cfg: Any, device: torch.device) -> Any:
         return cfg
 
-    def make_env(self, cfg: Any, agent_cfg: Any, info: Any, device: torch.device) -> Any:
+    def make_env(self, cfg: Any, agent_cfg: Any, info: Any, device: torch.device, seed: int) -> Any:
         return make_vec_env(cfg.env, 1, 0, None, 0, device)  # never stepped: no collection
 
     def make_store(

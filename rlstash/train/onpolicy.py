@@ -42,6 +42,7 @@ class RolloutLearning(Learning):
     on it (``n_epochs`` of shuffled minibatches), then the next rollout."""
 
     name = "rollout"
+    same_step = True  # every row a real step (EnvPool's next-step resets cannot serve it)
 
     def check(self, cfg: Any) -> None:
         if cfg.history:
@@ -54,7 +55,7 @@ class RolloutLearning(Learning):
             cfg = dataclasses.replace(cfg, agent={**cfg.agent, "total_steps": cfg.steps})
         return cfg, agent_cfg
 
-    def make_env(self, cfg: Any, agent_cfg: Any, info: Any, device: torch.device) -> Any:
+    def make_env(self, cfg: Any, agent_cfg: Any, info: Any, device: torch.device, seed: int) -> Any:
         # same-step autoreset: every row a real step (next-step mode spends a row per episode
         # end on a reset step); final observations come with the batch for bootstrapping; a
         # batched torch env's tensors stay on `device`
