@@ -51,7 +51,7 @@ import psutil
 import torch
 
 from rlstash.cgroup import cgroup_available
-from rlstash.core import check_capacity
+from rlstash.core import PlansMemory, check_capacity
 from rlstash.spec import Spec, dtype_name
 
 STORAGE_KINDS = ("ram", "disk", "shm")
@@ -513,12 +513,11 @@ def _overhead(overhead: Mapping[str, int] | None, sampler: Any, capacity: int) -
             raise ValueError(f"overhead[{name!r}]: expected bytes >= 0, got {nbytes!r}")
         out[name] = nbytes
     if sampler is not None:
-        plan_bytes = getattr(sampler, "plan_bytes", None)
-        if plan_bytes is None:
+        if not isinstance(sampler, PlansMemory):
             raise TypeError(
                 f"sampler: {type(sampler).__name__} has no plan_bytes(capacity), so its memory "
                 "cannot be planned; give its bytes in overhead={...} instead"
             )
-        for name, nbytes in plan_bytes(capacity).items():
+        for name, nbytes in sampler.plan_bytes(capacity).items():
             out[f"sampler: {name}"] = int(nbytes)
     return out

@@ -43,8 +43,6 @@ import torch
 
 from rlstash.memory import check_needs
 
-_PER_AGENT = ("logp", "reward", "terminated", "cont", "mask", "final_value")
-
 
 class MultiAgentRollout:
     """[T, E, A] rollout storage of one agent group (module docstring)."""
@@ -118,11 +116,21 @@ class MultiAgentRollout:
             out["action_mask"] = T * E * A * n_action_mask
         return out
 
+    def per_agent(self) -> dict[str, torch.Tensor]:
+        """The [T, E, A] fields besides observations and actions, by name."""
+        return {
+            "logp": self.logp,
+            "reward": self.reward,
+            "terminated": self.terminated,
+            "cont": self.cont,
+            "mask": self.mask,
+            "final_value": self.final_value,
+        }
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the rollout's tensors."""
-        ts = [self.obs, self.state, self.action, self.action_mask,
-              *(getattr(self, n) for n in _PER_AGENT)]  # fmt: skip
+        ts = [self.obs, self.state, self.action, self.action_mask, *self.per_agent().values()]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
     @property
