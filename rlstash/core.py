@@ -286,6 +286,14 @@ class SampleContext:
 
 
 @runtime_checkable
+class PlansMemory(Protocol):
+    """A part that says, before it allocates, what it will hold in host RAM per ``capacity``
+    rows (a sampler's priorities, for :func:`rlstash.memory.plan`)."""
+
+    def plan_bytes(self, capacity: int) -> dict[str, int]: ...
+
+
+@runtime_checkable
 class Sampler(Protocol):
     """Picks indices; never touches data.
 

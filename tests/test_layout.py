@@ -20,7 +20,7 @@ PKG = Path(__file__).resolve().parent.parent / "rlstash"
 TOP_LEVEL = {
     # foundation: contracts, specs, devices, memory planning, files, checks
     "core": 0, "spec": 0, "device": 0, "atomic": 0, "indices": 0, "settings": 0,
-    "registration": 0, "memory": 0, "presets": 0, "autoreset": 0, "finite": 0, "moved": 0, "manifest": 0,
+    "registration": 0, "memory": 0, "cgroup": 0, "presets": 0, "autoreset": 0, "finite": 0, "moved": 0, "manifest": 0,
     # the parts a buffer is made of
     "writer": 1, "prefetch": 1, "ratelimit": 1,
     "replay": 2,

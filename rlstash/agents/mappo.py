@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from gymnasium import spaces
 
 from rlstash.agents.base import ConfigMixin, check_positive, hp, seeded_init
 from rlstash.agents.compiled import FlatAdam
@@ -336,7 +337,7 @@ def build_agent(
 ) -> MAPPO:
     """``rlstash train``'s builder (:mod:`rlstash.train.algos`): ``sizes`` = (n_agents, obs_dim, state_dim or None)."""
     n_agents, obs_dim, state_dim = sizes
-    if hasattr(act_space, "n"):
+    if isinstance(act_space, spaces.Discrete):
         return MAPPO(n_agents, obs_dim, n_actions=int(act_space.n), state_dim=state_dim,
                      config=config, device=device)  # fmt: skip
     bounds = (act_space.low, act_space.high)

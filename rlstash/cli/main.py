@@ -73,7 +73,7 @@ class Parser(argparse.ArgumentParser):
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
         ns, extras = self.parse_known_args(args, namespace)
         if extras:
-            command = getattr(ns, "command", None)
+            command = vars(ns).get("command")
             prog = f"{self.prog} {command}" if command else self.prog
             self.exit(
                 2, one_line(prog, f"unrecognized arguments: {' '.join(extras)}; see {prog} --help")

@@ -30,12 +30,27 @@ flags, and ignores the action).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
+from rlstash.core import missing_members
+
 AsyncPolicy = Callable[[np.ndarray, np.ndarray], Any]
+
+
+@runtime_checkable
+class AsyncEnvPool(Protocol):
+    """The env protocol of the module docstring (EnvPool's with ``batch_size < num_envs``)."""
+
+    num_envs: int
+
+    def async_reset(self) -> None: ...
+
+    def recv(self) -> tuple[Any, ...]: ...
+
+    def send(self, actions: Any, env_ids: Any) -> None: ...
 
 
 class AsyncBatchCollector:
@@ -46,13 +61,13 @@ class AsyncBatchCollector:
         actions ``[B, ...]`` for the observations ``[B, ...]`` of the envs ``env_ids``;
         ``queue``: steps each env may have queued at first (the queues grow when an env runs
         further ahead of the slowest)."""
-        for name in ("async_reset", "recv", "send"):
-            if not callable(getattr(env, name, None)):
-                raise TypeError(
-                    f"env: expected an asynchronous env pool with async_reset/recv/send "
-                    f"(EnvPoolVectorEnv(..., batch_size=B)), got {type(env).__name__} "
-                    f"without {name}(); use rlstash.Collector for synchronous envs"
-                )
+        missing = missing_members(env, AsyncEnvPool)
+        if missing:
+            raise TypeError(
+                f"env: expected an asynchronous env pool with async_reset/recv/send "
+                f"(EnvPoolVectorEnv(..., batch_size=B)), got {type(env).__name__} "
+                f"without {', '.join(missing)}; use rlstash.Collector for synchronous envs"
+            )
         self.env, self.policy = env, policy
         self.num_envs = n = int(env.num_envs)
         self._cap = max(2, int(queue))

@@ -181,7 +181,7 @@ def fill_stream(
     """Write Minari episodes into lane 0 of a one-lane next-step ``storage`` (module
     docstring); returns the steps written. Episodes of zero steps are skipped. ``extend``:
     what writes a chunk (default ``storage.extend``; a ReplayBuffer's over that storage)."""
-    mode = getattr(storage.autoreset, "value", storage.autoreset)
+    mode = storage.autoreset.value
     if storage.num_envs != 1 or mode != "NextStep":
         raise ValueError(
             f"storage: expected a one-lane next-step StreamStorage, got num_envs="
@@ -242,7 +242,7 @@ def env_id(dataset: Any) -> str:
     ValueError when the dataset names none."""
     ds = load(dataset)
     spec = ds.env_spec
-    if spec is None or not getattr(spec, "id", None):
+    if spec is None or not spec.id:
         raise ValueError(
             f"dataset: {ds.id} names no environment (its env_spec is empty); "
             f"give --env, or recreate it with an env"

@@ -20,6 +20,7 @@ from rlstash.envs.errors import WorkerFailedError
 from rlstash.envs.infos import batch_infos
 from rlstash.envs.runner import EnvRunner
 from rlstash.envs.shm import Layout, SharedArrays
+from rlstash.envs.worker import describe_env
 
 
 class InProcessBackend(Backend):
@@ -73,15 +74,12 @@ class InProcessBackend(Backend):
         self.env_spaces = (obs_spaces, act_spaces)
         self.runner = EnvRunner(envs, 0, self.shared, obs_space, act_space, self.mode)
         self.actions: list[Any] = []  # layout.act_pickled: set by the pool before step_async
-        first = envs[0]
         return {
             "observation_space": obs_space,
             "action_space": act_space,
             "observation_spaces": obs_spaces,
             "action_spaces": act_spaces,
-            "metadata": dict(getattr(first, "metadata", {}) or {}),
-            "render_mode": getattr(first, "render_mode", None),
-            "spec": getattr(first, "spec", None),
+            **describe_env(envs[0]),
         }
 
     def _restart(self, exc: BaseException, command: str, codes: list[int]) -> list[int]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+from gymnasium import spaces
 
 ObsPart = Any  # a tensor [E, A_g, ...], or a dict of them by key (a dict observation)
 
@@ -82,11 +83,11 @@ def group_agents(
     same observation and action space, else one group per distinct pair of spaces, named after
     the prefix of its first agent's name (``"adversary_0"`` -> ``"adversary"``, made unique).
     A ValueError names an agent without a space."""
-    for name, spaces in (("observation", obs_spaces), ("action", act_spaces)):
-        missing = [a for a in agents if a not in spaces]
+    for name, of_agent in (("observation", obs_spaces), ("action", act_spaces)):
+        missing = [a for a in agents if a not in of_agent]
         if missing:
             raise ValueError(
-                f"agent {missing[0]!r}: no {name} space (spaces given for {sorted(spaces)}); "
+                f"agent {missing[0]!r}: no {name} space (spaces given for {sorted(of_agent)}); "
                 "give every agent an observation and an action space"
             )
     keys: dict[str, list[str]] = {}
@@ -108,14 +109,14 @@ def group_agents(
 
 
 def action_shape(space: Any) -> tuple[tuple[int, ...], bool]:
-    """(one agent's action shape, whether discrete) of a gymnasium/gym space: Discrete -> ((),
+    """(one agent's action shape, whether discrete) of a gymnasium space (sources convert
+    theirs at the boundary, e.g. :func:`rlstash.envs.vmas.to_gymnasium`): Discrete -> ((),
     True), Box -> (shape, False). A TypeError names the space otherwise."""
-    if hasattr(space, "n") and not hasattr(space, "nvec"):
+    if isinstance(space, spaces.Discrete):
         return (), True
-    shape = getattr(space, "shape", None)
-    if shape is None or not hasattr(space, "low"):
+    if not isinstance(space, spaces.Box):
         raise TypeError(f"action space {space!r}: expected a Discrete or a Box")
-    return tuple(int(s) for s in shape), False
+    return tuple(int(s) for s in space.shape), False
 
 
 def check_actions(
@@ -196,9 +197,8 @@ def _checked(
 
 def flat_obs_dim(space: Any) -> int:
     """Elements of one observation of ``space`` (a Box, or a Dict of Boxes: their sum)."""
-    subs = getattr(space, "spaces", None)
-    if isinstance(subs, Mapping):
-        return sum(flat_obs_dim(s) for s in subs.values())
+    if isinstance(space, spaces.Dict):
+        return sum(flat_obs_dim(s) for s in space.spaces.values())
     n = 1
     for s in space.shape:
         n *= int(s)

@@ -71,7 +71,7 @@ BACKEND_MODULES = {"envpool": "--env-backend envpool (library: EnvPoolVectorEnv)
 def _gymnasium_own(spec: Any) -> bool:
     """Whether ``spec`` is one of gymnasium's own envs: its entry points (env and vector env)
     in gymnasium.envs."""
-    for entry in (spec.entry_point, getattr(spec, "vector_entry_point", None)):
+    for entry in (spec.entry_point, spec.vector_entry_point):
         if entry is None:
             continue
         where = entry if isinstance(entry, str) else getattr(entry, "__module__", "") or ""

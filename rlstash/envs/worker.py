@@ -56,6 +56,17 @@ def error_payload(exc: BaseException) -> bytes:
     return pickle.dumps(reply)
 
 
+def describe_env(env: Any) -> dict[str, Any]:
+    """What a vector env repeats of its first env: ``metadata``, ``render_mode`` and ``spec``
+    (a gymnasium.Env declares all three; an env object that is no gymnasium.Env may lack
+    them: empty metadata, None)."""
+    return {
+        "metadata": dict(getattr(env, "metadata", None) or {}),
+        "render_mode": getattr(env, "render_mode", None),
+        "spec": getattr(env, "spec", None),
+    }
+
+
 class Worker:
     """State of one worker between commands."""
 
@@ -88,15 +99,13 @@ class Worker:
                     f"env factory for env {self.start + len(self.envs) - 1} returned "
                     f"{type(env).__name__}, expected a gymnasium.Env"
                 )
-        first = self.envs[0]
         info = {
             "observation_spaces": [env.observation_space for env in self.envs],
             "action_spaces": [env.action_space for env in self.envs],
-            "metadata": dict(getattr(first, "metadata", {}) or {}),
-            "render_mode": getattr(first, "render_mode", None),
+            **describe_env(self.envs[0]),
         }
         try:
-            info["spec"] = pickle.loads(dumps(getattr(first, "spec", None)))
+            info["spec"] = pickle.loads(dumps(info["spec"]))
         except Exception:  # noqa: BLE001 - a spec is optional
             info["spec"] = None
         return dumps(info)

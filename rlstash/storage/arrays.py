@@ -128,6 +128,11 @@ class ArrayStorage:
         self._closed = False
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (reads and writes then raise)."""
+        return self._closed
+
+    @property
     def nbytes(self) -> int:
         """Exact bytes of the data: ``capacity * spec.row_bytes``."""
         return self.spec.nbytes(self.capacity)

@@ -49,7 +49,6 @@ from rlstash.spec import Field, Spec
 if TYPE_CHECKING:
     from rlstash.memory import MemoryPlan
 
-_PER_AGENT = ("logp", "reward", "terminated", "cont", "mask", "final_value")
 _FLOATS, _FLAGS = ("logp", "reward", "final_value"), ("terminated", "cont", "mask")
 
 
@@ -161,11 +160,21 @@ class MultiAgentRollout:
             "fewer steps per rollout or fewer envs (rlstash train --envs)",
         )
 
+    def per_agent(self) -> dict[str, torch.Tensor]:
+        """The [T, E, A] fields besides observations and actions, by name."""
+        return {
+            "logp": self.logp,
+            "reward": self.reward,
+            "terminated": self.terminated,
+            "cont": self.cont,
+            "mask": self.mask,
+            "final_value": self.final_value,
+        }
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the rollout's tensors."""
-        ts = [self.obs, self.state, self.action, self.action_mask,
-              *(getattr(self, n) for n in _PER_AGENT)]  # fmt: skip
+        ts = [self.obs, self.state, self.action, self.action_mask, *self.per_agent().values()]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
     @property

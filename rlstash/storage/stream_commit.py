@@ -44,6 +44,7 @@ import numpy as np
 
 from rlstash.atomic import write_atomic
 from rlstash.core import Storage
+from rlstash.storage.arrays import ArrayStorage
 from rlstash.storage.disk_layout import COMMIT_BYTES, META, Commit, CommitLog, create_commit_file
 from rlstash.storage.lanes import LANE_KEYS, Lanes
 from rlstash.storage.stream_format import refuse_lane_major
@@ -176,7 +177,7 @@ def persist(backing: Any, lanes: Any, log: LaneLog, durable: bool, margin: int =
     try:
         backing.flush()  # msync: data reach the disk before the record that counts them
     except RuntimeError:
-        if not getattr(backing, "_closed", False):
+        if not (isinstance(backing, ArrayStorage) and backing.closed):
             raise  # a closed MemmapStorage flushed itself when it closed
     if durable:
         np.maximum(lanes.reserved, lanes.count, out=lanes.reserved)

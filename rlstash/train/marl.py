@@ -38,6 +38,7 @@ from rlstash.agents.mappo import METRICS
 from rlstash.collect.multiagent import MultiAgentCollector
 from rlstash.envs.make import EnvInfo, is_multiagent, make_multiagent_env, parse_env_kwargs
 from rlstash.envs.multiagent import action_shape, flat_obs_dim
+from rlstash.settings import field_values
 from rlstash.storage.marl_rollout import MultiAgentRollout
 from rlstash.train import algos, checkpoint
 from rlstash.train.run import Learning, Run
@@ -266,7 +267,7 @@ def _check_no_replay(cfg: Any) -> None:
     for name, instead in (("batch_size", "minibatch_size"), ("n_steps", "rollout_steps"),
                           ("buffer_size", None), ("learning_starts", None),
                           ("train_freq", "rollout_steps"), ("gradient_steps", "n_epochs")):  # fmt: skip
-        if getattr(cfg, name) is not None:
+        if field_values(cfg)[name] is not None:
             fix = f"give --{instead.replace('_', '-')} instead" if instead else "drop it"
             raise ValueError(f"{name}: a replay setting, not used by --algo {cfg.algo}; {fix}")
 
