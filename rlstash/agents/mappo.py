@@ -27,10 +27,18 @@ Defaults are BenchMARL's (``conf/algorithm/mappo.yaml``, ``experiment/base_exper
 lr 5e-5, Adam eps 1e-6, grad clip 5, gamma 0.99, lambda 0.9, clip 0.2, entropy 0, [256, 256]
 tanh MLPs, no advantage normalisation. Metrics stay on the device: nothing is read on the host
 during an update.
+
+Speed (bench/marl_update.py): the permutations of all passes are drawn up front (the same
+generator sequence as one per pass), each pass gathers its shuffled rows once (minibatches are
+contiguous slices), Adam is the fused kernel on each flat vector without ``torch.optim``'s
+per-step Python, and with ``compile`` (PPOConfig's setting, same meaning) each minibatch is one
+``torch.compile``d step: the losses, their gradient by ``torch.func`` over both flat vectors,
+clipping and Adam in place (:mod:`rlstash.agents.compiled`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,8 +46,17 @@ from typing import Any
 import torch
 from gymnasium import spaces
 
-from rlstash.agents.base import ConfigMixin, check_positive, hp, seeded_init
-from rlstash.agents.compiled import FlatAdam
+from rlstash.agents.base import (
+    COMPILE_DEFAULT,
+    COMPILE_HELP,
+    ConfigMixin,
+    check_compile,
+    check_positive,
+    compile_after_s,
+    hp,
+    seeded_init,
+)
+from rlstash.agents.compiled import CompiledStep, FlatAdam, Functional
 from rlstash.agents.gae import gae
 from rlstash.agents.marl_nets import AgentMLP, biased_softplus, with_agent_id
 from rlstash.settings import check_types
@@ -74,10 +91,12 @@ class MAPPOConfig(ConfigMixin):
     centralised: bool = hp(True, "Critic over the global state (MAPPO); False: own obs (IPPO).")
     total_steps: int = hp(1_000_000, "Env steps of the run (informational).")
     seed: int = hp(0, "Seed of the network init and of the policy's sampling.")
+    compile: bool | str = hp(COMPILE_DEFAULT, COMPILE_HELP)
 
     def __post_init__(self) -> None:
         self.net_arch = tuple(self.net_arch)
         check_types(self)
+        check_compile(self)
         check_positive(
             learning_rate=self.learning_rate,
             adam_eps=self.adam_eps,
@@ -101,8 +120,6 @@ class MAPPO:
     observations of ``obs_dim`` floats (module docstring). Give ``n_actions`` (discrete) or
     ``bounds`` = (low, high) arrays of one agent's Box; ``state_dim`` when the env has a global
     state (else MAPPO's critic takes the ``n_agents * obs_dim`` concatenated observations)."""
-
-    compile_seconds = 0.0  # eager updates (core.Agent)
 
     def __init__(
         self,
@@ -146,6 +163,20 @@ class MAPPO:
         self.gen = torch.Generator(device=self.device)
         self.gen.manual_seed(cfg.seed)
         self.updates = 0
+        self.functional = Functional(
+            {"actor": self.actor, "critic": self.critic},
+            {"actor": self.actor_opt, "critic": self.critic_opt},
+        )
+        self.compile_timer = [0.0]  # seconds the compiled steps' first calls took
+        self.eager_update_s = 0.0  # wall seconds of eager minibatch steps ("auto" counts them)
+        self.compile_after_s = compile_after_s()
+        self._compiling = False  # compile="auto" decided to compile: it stays compiled
+        self._step_fn: CompiledStep | None = None
+
+    @property
+    def compile_seconds(self) -> float:
+        """Wall seconds the compiled steps' first calls took (0 without ``compile``)."""
+        return self.compile_timer[0]
 
     # --- networks ------------------------------------------------------------------------------
 
@@ -261,7 +292,6 @@ class MAPPO:
     def update(self, rollout: MultiAgentRollout) -> dict[str, torch.Tensor]:
         """``n_epochs`` passes of shuffled minibatches of env steps over ``rollout``; returns the
         last pass's mean metrics (0-dim tensors on the device)."""
-        cfg = self.config
         adv, ret = self.advantages(rollout)
         rows = rollout.frames
         data = {
@@ -273,28 +303,71 @@ class MAPPO:
         if rollout.action_mask is not None:
             data["action_mask"] = rollout.action_mask
         data = {k: v.reshape(rows, *v.shape[2:]) for k, v in data.items()}  # [T * E, ...]
-        total = torch.zeros(len(METRICS), device=self.device)
-        count = 0
-        for _ in range(cfg.n_epochs):
-            total.zero_()
-            count = 0
-            perm = torch.randperm(rows, generator=self.gen, device=self.device)
-            for idx in perm.split(cfg.minibatch_size):
-                mb = {k: v[idx] for k, v in data.items()}
-                out = self.losses(mb)
-                self.actor_opt.flat.zero_grad()
-                self.critic_opt.flat.zero_grad()
-                (out["policy_loss"] + out["value_loss"]).backward()
-                a_norm = self.actor_opt.flat.clip_grad_norm_(cfg.max_grad_norm)
-                c_norm = self.critic_opt.flat.clip_grad_norm_(cfg.max_grad_norm)
-                self.actor_opt.opt.step()
-                self.critic_opt.opt.step()
-                total += torch.stack([out["policy_loss"].detach(), out["value_loss"].detach(),
-                                      out["approx_kl"], out["clip_fraction"], a_norm.detach(),
-                                      c_norm.detach()])  # fmt: skip
-                count += 1
+        return self.learn(data)
+
+    def learn(self, data: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``n_epochs`` passes of shuffled minibatches over prepared rows (fields [N, A, ...]
+        as :meth:`losses` takes them); returns the last pass's mean metrics."""
+        cfg = self.config
+        rows = next(iter(data.values())).shape[0]
+        perms = [torch.randperm(rows, generator=self.gen, device=self.device)
+                 for _ in range(cfg.n_epochs)]  # fmt: skip
+        stats: list[torch.Tensor] = []
+        for perm in perms:
+            shuffled = {k: v[perm] for k, v in data.items()}  # one gather per field and pass
+            stats = [self._minibatch({k: v[i : i + cfg.minibatch_size] for k, v in shuffled.items()})
+                     for i in range(0, rows, cfg.minibatch_size)]  # fmt: skip
         self.updates += 1
-        return dict(zip(METRICS, (total / max(count, 1)).unbind()))
+        return dict(zip(METRICS, torch.stack(stats).mean(0).unbind()))
+
+    def _minibatch(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One gradient step of actor and critic; the METRICS as one [6] tensor."""
+        if self._compile_now():
+            if self._step_fn is None:
+                key = lambda: tuple(vars(self.config).values())  # noqa: E731
+                self._step_fn = CompiledStep(self._step, self.compile_timer, key)
+            return self._step_fn(mb)
+        start = time.perf_counter()
+        cfg = self.config
+        out = self.losses(mb)
+        self.actor_opt.flat.zero_grad()
+        self.critic_opt.flat.zero_grad()
+        (out["policy_loss"] + out["value_loss"]).backward()
+        a_norm = self.actor_opt.fused_step(cfg.max_grad_norm)
+        c_norm = self.critic_opt.fused_step(cfg.max_grad_norm)
+        row = torch.stack([out["policy_loss"].detach(), out["value_loss"].detach(),
+                           out["approx_kl"], out["clip_fraction"], a_norm, c_norm])  # fmt: skip
+        self.eager_update_s += time.perf_counter() - start
+        return row
+
+    def _compile_now(self) -> bool:
+        """``compile`` true, or 'auto' once eager steps took ``compile_after_s`` seconds."""
+        mode = self.config.compile
+        if mode != "auto":
+            return bool(mode)
+        if not self._compiling and self.eager_update_s >= self.compile_after_s:
+            self._compiling = True
+        return self._compiling
+
+    def _step(self, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The eager step as one function of tensors (compiled): :meth:`losses` with the
+        networks' weights read from the two flat vectors, the gradient of policy + value loss
+        with respect to both by ``torch.func``, then clipping and Adam in place."""
+        fn, cfg = self.functional, self.config
+
+        def loss_of(va: torch.Tensor, vc: torch.Tensor) -> tuple[torch.Tensor, Any]:
+            swap = {**fn.params("actor", va), **fn.params("critic", vc)}
+            out = torch.func.functional_call(
+                fn.root, swap, (self.losses, mb), strict=False, tie_weights=False
+            )
+            return out["policy_loss"] + out["value_loss"], out
+
+        va, vc = self.actor_opt.flat.param.detach(), self.critic_opt.flat.param.detach()
+        (ga, gc), out = torch.func.grad(loss_of, argnums=(0, 1), has_aux=True)(va, vc)
+        a_norm = self.actor_opt.apply(ga, cfg.max_grad_norm)
+        c_norm = self.critic_opt.apply(gc, cfg.max_grad_norm)
+        return torch.stack([out["policy_loss"], out["value_loss"], out["approx_kl"],
+                            out["clip_fraction"], a_norm, c_norm]).detach()  # fmt: skip
 
     def check_finite(self, metrics: Mapping[str, Any] | None = None, params: bool = False) -> None:
         """Raise :class:`~rlstash.finite.NonFiniteError` when a loss metric (:data:`METRICS`) of
@@ -328,6 +401,7 @@ class MAPPO:
         self.critic.load_state_dict(state["critic"])
         self.actor_opt.load_state_dict(state["actor_opt"])
         self.critic_opt.load_state_dict(state["critic_opt"])
+        self._step_fn = None  # it read the old optimizer state tensors: rebuild
         self.gen.set_state(state["gen"])
         self.updates = int(state["updates"])
 
