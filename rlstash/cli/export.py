@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlstash.cli.flags import add_config_flags, config_from_args
+from rlstash.cli.main import describe
 from rlstash.settings import check_types
 from rlstash.settings import setting as s
 
@@ -84,6 +85,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``rlstash export`` to the ``rlstash`` parser."""
-    p = sub.add_parser("export", help="write a run's replay buffer as a Minari dataset")
+    p = sub.add_parser(
+        "export",
+        help="write a run's replay buffer as a Minari dataset",
+        **describe(
+            "Write a run's replay buffer as a Minari dataset (episodes oldest first, termination\n"
+            "and truncation kept) that minari.load_dataset reads back.",
+            "rlstash export runs/sac-Pendulum-v1 --minari pendulum/sac-v0",
+            "guides/offline/",
+        ),
+    )
     add_config_flags(p, ExportConfig)
     p.set_defaults(func=cmd_export)

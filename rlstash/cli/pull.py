@@ -8,6 +8,7 @@ import argparse
 from dataclasses import dataclass
 
 from rlstash.cli.flags import add_config_flags, config_from_args
+from rlstash.cli.main import describe
 from rlstash.settings import check_types
 from rlstash.settings import setting as s
 
@@ -46,7 +47,14 @@ def cmd_pull(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``rlstash pull`` to the ``rlstash`` parser."""
     p = sub.add_parser(
-        "pull", help="fetch an agent from the Hugging Face Hub (cached)", description=__doc__
+        "pull",
+        help="fetch an agent from the Hugging Face Hub (cached)",
+        **describe(
+            "Fetch an agent pushed with `rlstash push` into the Hugging Face cache and print\n"
+            "where it is (offline once cached); `rlstash eval hf://USER/NAME` runs it.",
+            "rlstash pull USER/ppo-CartPole-v1",
+            "guides/tracking/",
+        ),
     )
     add_config_flags(p, PullConfig)
     p.set_defaults(func=cmd_pull)

@@ -8,6 +8,7 @@ import argparse
 from dataclasses import dataclass
 
 from rlstash.cli.flags import add_config_flags, config_from_args
+from rlstash.cli.main import describe
 from rlstash.settings import SettingError, check_types
 from rlstash.settings import setting as s
 
@@ -57,7 +58,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "push",
         help="evaluate a run's agent and upload it to the Hugging Face Hub",
-        description=__doc__,
+        **describe(
+            "Evaluate a run's saved agent, record a replay video, write a model card (the Hub's\n"
+            "leaderboard metadata: mean_reward +/- std) and upload the agent, its settings,\n"
+            "the card, the video and the learning curve to a Hugging Face Hub model repo.",
+            "rlstash push runs/ppo-CartPole-v1 --repo-id USER/ppo-CartPole-v1",
+            "guides/tracking/",
+        ),
     )
     add_config_flags(p, PushConfig)
     p.set_defaults(func=cmd_push)
