@@ -4,10 +4,11 @@
     learning = LEARNING[ALGOS[cfg.algo].store]  # REPLAY | ROLLOUT | OFFLINE | MULTIAGENT
     learning.check(cfg); ray_run.check(cfg)     # settings it has no use for; --ray's own
     cfg = learning.with_dataset(cfg)            # --dataset: the env it names (replay, offline)
-    info = learning.probe(cfg, device)          # EnvInfo (multi-agent: + agents, state)
+    info = learning.probe(cfg)                  # EnvInfo (multi-agent: + agents, state)
     cfg, agent_cfg = algos.resolve(cfg, ...)    # defaults < env preset < what was given
     cfg, agent_cfg = learning.resolve(...)      # what the learning derives (rollout sizes...)
-    cfg, why = learning.pick_backend(cfg); cfg = learning.place(cfg, device)
+    cfg, why = learning.pick_backend(cfg); device = resolve_device(cfg.device)
+    cfg = learning.place(cfg, device)           # e.g. the buffer beside a batched env
     store = learning.make_store(...)            # stream replay | RolloutStorage | dataset
                                                 #   | MultiAgentRollout: each planned first
     agent = learning.make_agent(...)            # the algorithm's learner for the spaces
@@ -66,12 +67,12 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
     if cfg.ray:
         ray_run.check(cfg)
     cfg = learning.with_dataset(cfg)  # --dataset: the env it names (refused where unused)
-    device = resolve_device(cfg.device, "device")
-    info = learning.probe(cfg, device)  # spaces and threshold; refuses bad ids
+    info = learning.probe(cfg)  # spaces and threshold; refuses bad ids
     given = dict(cfg.agent)
     cfg, agent_cfg = algos.resolve(cfg, info.act_space)
     cfg, agent_cfg = learning.resolve(cfg, agent_cfg, given)
     cfg, why = learning.pick_backend(cfg)  # the resolved config records the env backend
+    device = resolve_device(cfg.device, "device")  # after every settings check: no CUDA call
     cfg = learning.place(cfg, device)
     if cfg.video:
         video.check_available()

@@ -38,9 +38,9 @@ from rlstash.agents.mappo import METRICS
 from rlstash.collect.multiagent import MultiAgentCollector
 from rlstash.envs.make import EnvInfo, is_multiagent, make_multiagent_env, parse_env_kwargs
 from rlstash.envs.multiagent import action_shape, flat_obs_dim
-from rlstash.settings import field_values
 from rlstash.storage.marl_rollout import MultiAgentRollout
 from rlstash.train import algos, checkpoint
+from rlstash.train.onpolicy import check_rollout_settings
 from rlstash.train.run import Learning, Run
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ class MultiAgentLearning(Learning):
                 raise ValueError(
                     f"{name}: not supported by --algo {cfg.algo} (multi-agent runs); drop --{name}"
                 )
-        _check_no_replay(cfg)
+        check_rollout_settings(cfg)
 
     def resolve(self, cfg: Any, agent_cfg: Any, given: dict[str, Any]) -> tuple[Any, Any]:
         changes: dict[str, Any] = {}
@@ -155,8 +155,8 @@ class MultiAgentLearning(Learning):
         cfg = dataclasses.replace(cfg, agent={**cfg.agent, **changes})
         return cfg, agent_cfg
 
-    def probe(self, cfg: Any, device: torch.device) -> MultiAgentInfo:
-        env = make_env(cfg, 1, device, cfg.seed)  # spaces, then closed
+    def probe(self, cfg: Any) -> MultiAgentInfo:
+        env = make_env(cfg, 1, torch.device("cpu"), cfg.seed)  # spaces (on any device), closed
         try:
             group = _one_group(env, cfg)
             return MultiAgentInfo(
@@ -257,28 +257,13 @@ class MultiAgentLearning(Learning):
 MULTIAGENT = MultiAgentLearning()
 
 
-def _check_no_replay(cfg: Any) -> None:
-    """Refuse the replay settings a multi-agent on-policy run has no use for."""
-    if cfg.storage != "ram" or cfg.compress != "none":
-        raise ValueError(
-            f"storage: --algo {cfg.algo} keeps one rollout in memory and has no replay storage; "
-            "drop --storage and --compress"
-        )
-    for name, instead in (("batch_size", "minibatch_size"), ("n_steps", "rollout_steps"),
-                          ("buffer_size", None), ("learning_starts", None),
-                          ("train_freq", "rollout_steps"), ("gradient_steps", "n_epochs")):  # fmt: skip
-        if field_values(cfg)[name] is not None:
-            fix = f"give --{instead.replace('_', '-')} instead" if instead else "drop it"
-            raise ValueError(f"{name}: a replay setting, not used by --algo {cfg.algo}; {fix}")
-
-
 def plan_rollout(cfg: Any, device: torch.device) -> tuple[MemoryPlan, dict[str, Any]]:
     """(the memory plan of the rollout a run of ``cfg`` allocates on ``device``, its
     :class:`MultiAgentRollout` sizes), settings resolved as ``rlstash train`` resolves them
     (preset, ``--envs``) and the env probed; nothing is allocated. The bytes are the rollout's
     own (:meth:`MultiAgentRollout.plan`: the arithmetic it checks itself with)."""
     MULTIAGENT.check(cfg)
-    info = MULTIAGENT.probe(cfg, device)
+    info = MULTIAGENT.probe(cfg)
     given = dict(cfg.agent)
     cfg, agent_cfg = algos.resolve(cfg, info.act_space)
     cfg, agent_cfg = MULTIAGENT.resolve(cfg, agent_cfg, given)

@@ -49,7 +49,7 @@ class RolloutLearning(Learning):
             raise ValueError(f"history: not supported by --algo {cfg.algo}; drop --history")
 
     def resolve(self, cfg: Any, agent_cfg: Any, given: dict[str, Any]) -> tuple[Any, Any]:
-        _check_loop_settings(cfg)
+        check_rollout_settings(cfg)
         if "total_steps" not in given:  # anneal over this run unless told otherwise
             agent_cfg = dataclasses.replace(agent_cfg, total_steps=cfg.steps)
             cfg = dataclasses.replace(cfg, agent={**cfg.agent, "total_steps": cfg.steps})
@@ -116,8 +116,8 @@ class RolloutLearning(Learning):
 ROLLOUT = RolloutLearning()
 
 
-def _check_loop_settings(cfg: Any) -> None:
-    """Refuse what an on-policy run has no use for (replay settings)."""
+def check_rollout_settings(cfg: Any) -> None:
+    """Refuse what an on-policy run (PPO, MAPPO, IPPO) has no use for: replay settings."""
     if cfg.storage != "ram":
         raise ValueError(
             f"storage: --algo {cfg.algo} keeps one rollout in memory and has no replay "

@@ -52,9 +52,10 @@ class Learning:
             )
         return cfg
 
-    def probe(self, cfg: Any, device: torch.device) -> Any:
+    def probe(self, cfg: Any) -> Any:
         """What the other steps need to know of the env before any is made (spaces, reward
-        threshold): an :class:`~rlstash.envs.make.EnvInfo`; refuses an unknown env id."""
+        threshold): an :class:`~rlstash.envs.make.EnvInfo`; refuses an unknown env id. No
+        device is resolved yet (settings are refused before any CUDA call)."""
         return envs_make.probe_env(cfg.env, cfg.history)
 
     def pick_backend(self, cfg: Any) -> tuple[Any, str]:
