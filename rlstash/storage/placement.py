@@ -25,7 +25,7 @@ from rlstash.core import (
     missing_members,
 )
 from rlstash.spec import Batch
-from rlstash.storage.ring import RingPlacement, gather_windows
+from rlstash.storage.ring import RingPlacement, take_rows
 
 
 class SelfPlacement:
@@ -71,10 +71,7 @@ class SelfPlacement:
 
     def take(self, index: np.ndarray) -> Batch:
         """Gather the rows at ``index`` (``gather`` when the sampler vouches for them)."""
-        read = self.storage.gather if self.trusted else self.storage.read
-        if index.ndim == 1:
-            return read(index)
-        return gather_windows(read, index)
+        return take_rows(self.storage, self.trusted, index)
 
     def resume(self) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
         """The rows a reopened storage holds, with their episode-end flags."""

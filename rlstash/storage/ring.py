@@ -121,10 +121,7 @@ class RingPlacement:
 
     def take(self, index: np.ndarray) -> Batch:
         """Gather the rows at ``index`` (``gather`` when the sampler vouches for them)."""
-        read = self.storage.gather if self.trusted else self.storage.read
-        if index.ndim == 1:
-            return read(index)
-        return gather_windows(read, index)
+        return take_rows(self.storage, self.trusted, index)
 
     # state
     def sync(self) -> None:
@@ -161,10 +158,17 @@ class RingPlacement:
         self.sync()
 
 
+def take_rows(storage: Any, trusted: bool, index: np.ndarray) -> Batch:
+    """The rows at ``index`` ([B]) or windows of rows ([B, L]): the storage's unchecked
+    ``gather`` when the sampler vouches for the indices (``trusted``), else ``read``."""
+    read = storage.gather if trusted else storage.read
+    return read(index) if index.ndim == 1 else gather_windows(read, index)
+
+
 def gather_windows(read: Any, index: np.ndarray) -> Batch:
     """Windows ``[B, L]`` of a sequence sampler: gathered flat, returned as ``[B, L, ...]``."""
     flat = read(index.reshape(-1))
     return {k: v.reshape(*index.shape, *v.shape[1:]) for k, v in flat.items()}
 
 
-__all__ = ["RingPlacement", "gather_windows"]
+__all__ = ["RingPlacement", "gather_windows", "take_rows"]
