@@ -131,6 +131,20 @@ def check_positive(**values: Any) -> None:
             raise SettingError(name, "> 0", value, "give a positive value")
 
 
+def check_fractions(**values: float) -> None:
+    """Each value in [0, 1] (a ValueError naming its field): ``check_fractions(gamma=g)``."""
+    for name, value in values.items():
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{name}: expected a value in [0, 1], got {value}")
+
+
+def check_non_negative(**values: float) -> None:
+    """Each value >= 0 (a ValueError naming its field): ``check_non_negative(ent_coef=c)``."""
+    for name, value in values.items():
+        if value < 0:
+            raise ValueError(f"{name}: expected >= 0, got {value}")
+
+
 def check_common(config: Any) -> None:
     """Validation shared by every agent config (SettingError, a ValueError or TypeError, naming
     the field): each field's type (:func:`rlstash.settings.check_types`), then the ranges of

@@ -51,6 +51,8 @@ from rlstash.agents.base import (
     COMPILE_HELP,
     ConfigMixin,
     check_compile,
+    check_fractions,
+    check_non_negative,
     check_positive,
     compile_after_s,
     hp,
@@ -107,12 +109,8 @@ class MAPPOConfig(ConfigMixin):
             clip_range=self.clip_range,
             max_grad_norm=self.max_grad_norm,
         )
-        for name, value in (("gamma", self.gamma), ("gae_lambda", self.gae_lambda)):
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name}: expected a value in [0, 1], got {value}")
-        for name, value in (("ent_coef", self.ent_coef), ("vf_coef", self.vf_coef)):
-            if value < 0:
-                raise ValueError(f"{name}: expected >= 0, got {value}")
+        check_fractions(gamma=self.gamma, gae_lambda=self.gae_lambda)
+        check_non_negative(ent_coef=self.ent_coef, vf_coef=self.vf_coef)
 
 
 class MAPPO:

@@ -48,6 +48,8 @@ from rlstash.agents.base import (
     agent_config,
     check_compile,
     check_count,
+    check_fractions,
+    check_non_negative,
     check_positive,
     flat_adam,
     hp,
@@ -145,12 +147,8 @@ class PPOConfig(ConfigMixin):
             clip_reward=self.clip_reward,
             adam_eps=self.adam_eps,
         )
-        for name, value in (("gamma", self.gamma), ("gae_lambda", self.gae_lambda)):
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name}: expected a value in [0, 1], got {value}")
-        for name, value in (("ent_coef", self.ent_coef), ("vf_coef", self.vf_coef)):
-            if value < 0:
-                raise ValueError(f"{name}: expected >= 0, got {value}")
+        check_fractions(gamma=self.gamma, gae_lambda=self.gae_lambda)
+        check_non_negative(ent_coef=self.ent_coef, vf_coef=self.vf_coef)
         for name, value in (("clip_range_vf", self.clip_range_vf), ("target_kl", self.target_kl)):
             if value is not None and not value > 0:
                 raise ValueError(f"{name}: expected > 0 or None (off), got {value!r}")
