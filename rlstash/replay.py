@@ -328,13 +328,16 @@ class ReplayBuffer:
         return path
 
     @classmethod
-    def from_minari(cls, dataset: Any, reads: Any = None, **kwargs: Any) -> ReplayBuffer:
+    def from_minari(
+        cls, dataset: Any, reads: Any = None, infos: Any = False, **kwargs: Any
+    ) -> ReplayBuffer:
         """A buffer over a one-lane StreamStorage holding every episode of a Minari dataset
-        (a ``MinariDataset`` or a local id; ``reads``: a ReadSpec; ``kwargs``: this class's
-        arguments). See :mod:`rlstash.datasets.minari`; needs ``rlstash[minari]``."""
+        (a ``MinariDataset`` or a local id; ``reads``: a ReadSpec; ``infos``: True or a list
+        of info keys kept as fields ``info/<key>``; ``kwargs``: this class's arguments). See
+        :mod:`rlstash.datasets.minari`; needs ``rlstash[minari]``."""
         from rlstash.datasets.minari import from_minari
 
-        return cls(from_minari(dataset, reads=reads), **kwargs)
+        return cls(from_minari(dataset, reads=reads, infos=infos), **kwargs)
 
     @classmethod
     def load(

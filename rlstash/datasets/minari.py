@@ -6,18 +6,29 @@ layout the collectors write: each observation is stored once (an episode of T st
 T + 1 slots, its last observation a slot that is no transition start), next observations are
 rebuilt on read, and each step keeps Minari's ``terminations`` and ``truncations`` apart. The
 storage is sized and planned from the dataset's counts before anything is allocated
-(invariant I2: ``total_steps + total_episodes`` slots), and the episodes go in as large
-time-major chunks (:data:`CHUNK` slots per ``extend``).
+(invariant I2: ``total_steps + total_episodes`` slots), and each episode is copied once, from
+the arrays Minari decodes straight into the storage's slots (:mod:`.minari_fill`, which also
+deals a dataset over several lanes for offline-to-online runs).
+
+Infos (``infos=True`` or a list of keys): each kept per-step info is a field
+``info/<key>`` (``info/<key>/<sub>`` for nested dicts) stored per slot like an observation:
+Minari records T + 1 infos per episode (the reset's, then each step's), so a sampled row's
+``info/<key>`` is the info that came with its ``obs``. Kept: numeric or bool infos of one
+shape per step; ``infos=True`` skips the others with a warning naming them, a listed key
+that is not kept is a ValueError naming it.
 
 Out (:func:`to_minari`, ``rlstash export RUN --minari NAME``): every episode a stream holds,
 lane by lane, oldest first, becomes a Minari episode of ``observations`` (T + 1), ``actions``,
-``rewards``, ``terminations``, ``truncations`` (T each) through
-``minari.create_dataset_from_buffers``. An episode whose start the ring overwrote is exported
-from its oldest kept observation; the episode still running in a lane ends at its newest
-observation, marked truncated (its newest step has no next observation yet).
+``rewards``, ``terminations``, ``truncations`` (T each) and ``infos`` (T + 1, from the
+stream's ``info/...`` fields) through ``minari.create_dataset_from_buffers``. An episode
+whose start the ring overwrote is exported from its oldest kept observation; the episode
+still running in a lane ends at its newest observation, marked truncated (its newest step
+has no next observation yet). A frame-stacked stream exports the single frames it stores,
+with the frame's observation space and ``frame_stack: k`` in the dataset's metadata; loading
+it back stacks by k again (:func:`frame_stack_of`), the same windows.
 
 Observation fields: a Box space is the field ``obs``; a Dict space (nested too) is one field
-``obs/<key>[/<key>...]`` per leaf, as everywhere in rlstash. Minari's ``infos`` are not kept.
+``obs/<key>[/<key>...]`` per leaf, as everywhere in rlstash.
 """
 
 from __future__ import annotations
@@ -36,8 +47,8 @@ from rlstash.storage.stream import StreamStorage
 from rlstash.storage.stream_spec import ReadSpec
 
 INSTALL_HINT = "pip install 'rlstash[minari]'"
-CHUNK = 1 << 16
-"""Slots per ``extend`` while filling (a few MB of temporaries for MuJoCo-sized rows)."""
+FRAME_STACK = "frame_stack"
+"""Dataset metadata key: the frames per observation of a dataset of single frames."""
 
 
 def import_minari() -> Any:
@@ -119,9 +130,9 @@ def _flat_obs(obs: Any, prefix: str = "obs") -> dict[str, np.ndarray]:
     return {prefix: np.asarray(obs)}
 
 
-def _nest_obs(flat: Mapping[str, np.ndarray]) -> Any:
-    if list(flat) == ["obs"]:
-        return flat["obs"]
+def _nest_obs(flat: Mapping[str, np.ndarray], prefix: str = "obs") -> Any:
+    if list(flat) == [prefix]:
+        return flat[prefix]
     root: dict[str, Any] = {}
     for name, value in flat.items():
         node = root
@@ -133,80 +144,125 @@ def _nest_obs(flat: Mapping[str, np.ndarray]) -> Any:
 
 
 # ------------------------------------------------------------------ in
+INFO_DTYPES = (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16,
+               np.float32, np.float64)  # fmt: skip
+"""Info dtypes kept as stream fields (numeric or bool, one fixed shape per step)."""
+
+
 def plan_slots(dataset: Any) -> int:
     """Slots a one-lane stream needs to hold every episode of ``dataset``: one per step plus
     one final observation per episode."""
     return int(dataset.total_steps) + int(dataset.total_episodes)
 
 
-def _as(value: Any, field: Field, rows: int, name: str, episode: Any) -> np.ndarray:
-    """``value`` as ``[rows, *field.shape]`` in the field's dtype, or a ValueError naming it."""
-    arr = np.asarray(value)
-    want = (rows, *field.shape)
-    if arr.size != int(np.prod(want)):
-        raise ValueError(
-            f"episode {episode}: {name} has shape {arr.shape}, expected {want} (the spec's "
-            f"{tuple(field.shape)} per row); the dataset does not match the env's spaces"
+def episode_lengths(dataset: Any) -> list[int]:
+    """The steps of each episode of ``dataset``, in its order, from the episodes' metadata
+    (nothing decoded)."""
+    ds = load(dataset)
+    meta = ds.storage.get_episode_metadata(ds.episode_indices)
+    return [int(m["total_steps"]) for m in meta]
+
+
+def frame_stack_of(dataset: Any) -> int:
+    """The frame stack a dataset's observations are read with: its ``frame_stack`` metadata
+    (written by :func:`to_minari` for a frame-stacked stream), else 1."""
+    return int(load(dataset).storage.metadata.get(FRAME_STACK, 1))
+
+
+def info_spec(dataset: Any, infos: bool | Iterable[str]) -> dict[str, Field]:
+    """The stream fields ``info/<key>`` (``info/<key>/<sub>`` for nested dicts) of the per-step
+    infos ``infos`` names: True every numeric or bool key of fixed shape (others skipped with
+    a warning naming them), a list those keys (an unknown or unsupported one is a ValueError
+    naming it), False none. Read from the dataset's first episode."""
+    if infos is False or infos is None:
+        return {}
+    ds = load(dataset)
+    first = next(ds.iterate_episodes(ds.episode_indices[:1]), None)
+    found = _flat_obs(first.infos or {}, "info") if first is not None else {}
+    want = list(found) if infos is True else [_info_name(k) for k in infos]
+    unknown = [k for k in want if k not in found] or (["info/*"] if not found else [])
+    if unknown:
+        have = (
+            ", ".join(k[5:] for k in found)
+            or "none (record them: DataCollector(record_infos=True))"
         )
-    return arr.reshape(want).astype(torch.empty(0, dtype=field.dtype).numpy().dtype, copy=False)
-
-
-def _episode_rows(ep: Any, spec: Spec) -> dict[str, np.ndarray]:
-    """One episode in next-step rows: T + 1 observations, the steps' fields padded by one
-    row (the final-observation slot's, dropped by the storage)."""
-    obs = _flat_obs(ep.observations)
-    if set(obs) != {k for k in spec if k.startswith("obs")}:
         raise ValueError(
-            f"episode {ep.id}: observation fields {sorted(obs)} differ from the dataset's "
-            f"space {sorted(k for k in spec if k.startswith('obs'))}"
+            f"infos: {', '.join(k[5:] for k in unknown)} not in the infos of dataset {ds.id} "
+            f"(found: {have}); name keys it has"
         )
-    T = len(ep.rewards)
-    term = np.asarray(ep.terminations, bool).reshape(T)
-    trunc = np.asarray(ep.truncations, bool).reshape(T).copy()
-    if T and not (term[-1] or trunc[-1]):
-        trunc[-1] = True  # an episode cut without a flag ends truncated, never stitched
-    action = _as(ep.actions, spec["action"], T, "action", ep.id)
-    rows = {name: _as(value, spec[name], T + 1, name, ep.id) for name, value in obs.items()}
-    pad = np.zeros((1, *action.shape[1:]), action.dtype)
-    rows["action"] = np.concatenate([action, pad])
-    rows["reward"] = np.append(np.asarray(ep.rewards, np.float32).reshape(T), np.float32(0))
-    rows["terminated"] = np.append(term, False)
-    rows["truncated"] = np.append(trunc, False)
-    return rows
+    T = len(first.rewards)
+    fields, skipped = {}, []
+    for name in want:
+        arr = np.asarray(found[name])
+        if arr.dtype.type not in INFO_DTYPES or arr.ndim < 1 or len(arr) != T + 1:
+            if infos is True:
+                skipped.append(f"{name[5:]} ({arr.dtype} {list(arr.shape)})")
+                continue
+            raise ValueError(
+                f"infos: key {name[5:]!r} of dataset {ds.id} is {arr.dtype} {list(arr.shape)}; "
+                f"rlstash keeps numeric or bool infos of one shape per step ([T + 1, ...]); "
+                f"drop it from infos"
+            )
+        fields[name] = Field(tuple(arr.shape[1:]), torch.from_numpy(arr[:0]).dtype)
+    if skipped:
+        warnings.warn(
+            f"infos: skipped {', '.join(skipped)} of dataset {ds.id}: rlstash keeps numeric or "
+            f"bool infos of one shape per step",
+            UserWarning,
+            stacklevel=2,
+        )
+    return fields
 
 
-def fill_stream(
-    storage: StreamStorage, episodes: Iterable[Any], extend: Callable[[Any], Any] | None = None
-) -> int:
-    """Write Minari episodes into lane 0 of a one-lane next-step ``storage`` (module
-    docstring); returns the steps written. Episodes of zero steps are skipped. ``extend``:
-    what writes a chunk (default ``storage.extend``; a ReplayBuffer's over that storage)."""
+def _info_name(key: str) -> str:
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"infos: expected True, False or a list of info keys, got {key!r}")
+    return key if key.startswith("info/") else f"info/{key}"
+
+
+def _per_slot(info_keys: list[str]) -> Callable[[Any], dict[str, Any]]:
+    """An episode's per-slot fields: its observations and the infos ``info_keys``."""
+
+    def per_slot(ep: Any) -> dict[str, Any]:
+        out: dict[str, Any] = _flat_obs(ep.observations)
+        if info_keys:
+            got = _flat_obs(ep.infos or {}, "info")
+            missing = [k[5:] for k in info_keys if k not in got]
+            if missing:
+                raise ValueError(
+                    f"episode {ep.id}: infos {missing} missing (the first episode has them); "
+                    f"the dataset's infos differ between episodes"
+                )
+            out.update({k: got[k] for k in info_keys})
+        return out
+
+    return per_slot
+
+
+def fill_dataset(target: Any, storage: StreamStorage, dataset: Any) -> int:
+    """Write every episode of ``dataset`` into the fresh next-step ``storage``, dealt over
+    its lanes (:mod:`rlstash.datasets.minari_fill`), each copied once into its slots;
+    ``target``: the storage or a ReplayBuffer over it. The storage's ``info/...`` fields are
+    filled from the episodes' infos. Returns the steps written."""
+    from rlstash.datasets.minari_fill import deal, fill
+
     mode = storage.autoreset.value
-    if storage.num_envs != 1 or mode != "NextStep":
+    if mode != "NextStep" or storage.stacked_input or storage.lanes.count.any():
         raise ValueError(
-            f"storage: expected a one-lane next-step StreamStorage, got num_envs="
-            f"{storage.num_envs}, autoreset={mode!r}"
+            f"storage: expected a fresh next-step StreamStorage of single frames, got "
+            f"autoreset={mode!r}, stacked_input={storage.stacked_input}, "
+            f"{int(storage.lanes.count.sum())} slots written"
         )
-    spec, steps, pending, size = storage.spec, 0, [], 0
-
-    def flush() -> None:
-        if pending:
-            chunk = {k: np.concatenate([p[k] for p in pending])[:, None] for k in pending[0]}
-            (extend or storage.extend)({k: torch.from_numpy(v) for k, v in chunk.items()})
-            pending.clear()
-
-    for ep in episodes:
-        if len(ep.rewards) == 0:
-            continue
-        rows = _episode_rows(ep, spec)
-        steps += len(ep.rewards)
-        pending.append(rows)
-        size += len(rows["reward"])
-        if size >= CHUNK:
-            flush()
-            size = 0
-    flush()
-    return steps
+    ds = load(dataset)
+    lanes, P = deal(episode_lengths(ds), storage.num_envs)
+    if P > storage.lane_capacity:
+        raise ValueError(
+            f"storage: {storage.lane_capacity} slots per lane, the dataset needs {P}; plan "
+            f"the capacity with plan_slots (or minari_fill.deal for several lanes)"
+        )
+    info_keys = [k for k in storage.slot_spec if k.startswith("info/")]
+    any_fields = target is storage
+    return fill(target, storage, ds.iterate_episodes(), lanes, P, _per_slot(info_keys), any_fields)
 
 
 def from_minari(
@@ -217,20 +273,28 @@ def from_minari(
     device: str | torch.device = "cpu",
     path: str | os.PathLike | None = None,
     check_finite: bool = True,
+    infos: bool | Iterable[str] = False,
 ) -> StreamStorage:
     """A one-lane :class:`StreamStorage` holding every episode of ``dataset`` (a
     ``MinariDataset`` or a local id), planned from the dataset's counts before allocating.
     ``spec``: the step fields to store (default: :func:`dataset_spec` of its spaces; an env's
-    own spec stores the dataset in the env's dtypes, e.g. float32 observations)."""
+    own spec stores the dataset in the env's dtypes, e.g. float32 observations). ``reads``:
+    default n_step 1 and the dataset's :func:`frame_stack_of`. ``infos``: per-step infos kept
+    as fields ``info/<key>`` (:func:`info_spec`)."""
     ds = load(dataset)
     if spec is None:
         spec = dataset_spec(ds.observation_space, ds.action_space)
+    extra = info_spec(ds, infos)
+    if extra:
+        spec = Spec({**Spec(spec), **extra})
+    if reads is None:
+        reads = ReadSpec(frame_stack=frame_stack_of(ds))
     storage = StreamStorage(
-        spec, 1, max(plan_slots(ds), 2), backing=backing, device=device, path=path,
-        reads=reads, check_finite=check_finite,
+        spec, 1, max(plan_slots(ds), 2, reads.n_step + reads.frame_stack), backing=backing,
+        device=device, path=path, reads=reads, check_finite=check_finite,
     )  # fmt: skip
     try:
-        fill_stream(storage, ds.iterate_episodes())
+        fill_dataset(storage, storage, ds)
     except BaseException:
         storage.close()
         raise
@@ -253,13 +317,10 @@ def env_id(dataset: Any) -> str:
 # ------------------------------------------------------------------ out
 def stream_episodes(storage: StreamStorage) -> Iterator[dict[str, Any]]:
     """Every episode ``storage`` holds, lane by lane, oldest first, as Minari buffers:
-    ``observations`` (an array, or a dict for Dict observations), ``actions``, ``rewards``,
-    ``terminations``, ``truncations`` (module docstring)."""
-    if storage.reads.frame_stack != 1 or storage.stacked_input:
-        raise ValueError(
-            "storage: a frame-stacked stream stores single frames of windows the env never "
-            "returned; export needs frame_stack=1"
-        )
+    ``observations`` (an array, or a dict for Dict observations; single frames of a
+    frame-stacked stream, as stored), ``actions``, ``rewards``, ``terminations``,
+    ``truncations`` and, where the stream has ``info/...`` fields, ``infos`` (module
+    docstring)."""
     lanes = storage.lanes
     obs_keys = storage.obs_keys
     for lane in range(storage.num_envs):
@@ -300,7 +361,40 @@ def _episode_buffer(
         "terminations": term,
         "truncations": trunc,
     }
+    infos = {k: data[k] for k in data if k.startswith("info/")}
+    if infos:  # one row per observation, as Minari's DataCollector records them
+        out["infos"] = _nest_obs(infos, "info")
     return out
+
+
+def frame_space(space: Any, storage: StreamStorage) -> Any:
+    """``space`` (the env's observations as the agent saw them) as the stored single frames
+    of ``storage``: a Box of ``[k, *frame]`` windows becomes the Box of its newest frame
+    (a Dict leaf by leaf); a space of frames already is returned as it is."""
+    from gymnasium import spaces
+
+    k = storage.reads.frame_stack
+
+    def frame(box: Any, name: str) -> Any:
+        want = tuple(storage.slot_spec[name].shape)
+        if tuple(box.shape) == want:
+            return box
+        if k > 1 and tuple(box.shape) == (k, *want):
+            return spaces.Box(box.low[-1], box.high[-1], want, box.dtype)
+        raise ValueError(
+            f"observation_space: {name} is {box}, the stream stores frames of shape {want}"
+            f"{f' stacked by {k}' if k > 1 else ''}; give the env's space"
+        )
+
+    if isinstance(space, spaces.Dict):
+
+        def walk(sp: Any, prefix: str) -> Any:
+            if isinstance(sp, spaces.Dict):
+                return spaces.Dict({key: walk(sub, f"{prefix}/{key}") for key, sub in sp.items()})
+            return frame(sp, prefix)
+
+        return walk(space, "obs")
+    return frame(space, storage.obs_keys[0])
 
 
 def to_minari(
@@ -314,7 +408,10 @@ def to_minari(
 ) -> Any:
     """Write every episode of ``storage`` as the local Minari dataset ``dataset_id`` and
     return it (``minari.load_dataset(dataset_id)`` reads it back). ``env``: a gymnasium id,
-    ``EnvSpec`` or env (the dataset's ``env_spec``; its spaces unless given)."""
+    ``EnvSpec`` or env (the dataset's ``env_spec``; its spaces unless given). A frame-stacked
+    stream (``reads.frame_stack`` k > 1) writes its single frames, the observation space is
+    the frame's (:func:`frame_space`) and the dataset's metadata records ``frame_stack: k``:
+    :func:`from_minari` reads it back stacked by k, the same windows."""
     minari = import_minari()
     if dataset_id in minari.list_local_datasets():
         raise ValueError(
@@ -323,6 +420,14 @@ def to_minari(
         )
     from minari.data_collector.episode_buffer import EpisodeBuffer
 
+    k = storage.reads.frame_stack
+    if observation_space is not None:
+        observation_space = frame_space(observation_space, storage)
+    elif k > 1 or storage.stacked_input:
+        raise ValueError(
+            "observation_space: a frame-stacked stream needs the env's observation space to "
+            "write its frames' space; give observation_space"
+        )
     episodes = [EpisodeBuffer(**ep) for ep in stream_episodes(storage)]
     if not episodes:
         raise ValueError("storage: holds no complete step to export; collect some first")
@@ -335,4 +440,7 @@ def to_minari(
         kwargs["action_space"] = action_space
     with warnings.catch_warnings():  # Minari's advice to set author, code_permalink, ...
         warnings.filterwarnings("ignore", r".* is set to None", UserWarning)
-        return minari.create_dataset_from_buffers(dataset_id, episodes, env=env, **kwargs)
+        ds = minari.create_dataset_from_buffers(dataset_id, episodes, env=env, **kwargs)
+    if k > 1:
+        ds.storage.update_metadata({FRAME_STACK: k})
+    return ds

@@ -302,12 +302,12 @@ class StreamStorage:
         """
         return self._writer.extend(batch)
 
-    def open_steps(self, T: int) -> StepSlots | None:
+    def open_steps(self, T: int, any_fields: bool = False) -> StepSlots | None:
         """Slots for ``T`` next-step steps of all lanes that a collector fills in place, one
         ``[N, ...]`` block of rows per field and step, then commits (``extend`` without the
-        batch); None where this stream cannot take them so. See
-        :mod:`rlstash.storage.stream_direct`."""
-        return open_steps(self._writer, T)
+        batch); None where this stream cannot take them so. ``any_fields``: the caller fills
+        extra fields too (a dataset loader). See :mod:`rlstash.storage.stream_direct`."""
+        return open_steps(self._writer, T, any_fields)
 
     def end_episodes(self, envs: Any = None, final_obs: Any = None) -> None:
         """End the current episode of the lanes ``envs`` (all by default; indices or a bool mask).

@@ -63,6 +63,17 @@ class StepSlots:
         pos = self._pos(t)
         return {k: a[pos] for k, a in self._arrays.items()}
 
+    def block_arrays(self) -> dict[str, np.ndarray]:
+        """The ``T`` steps' slots as numpy views ``[T, N, ...]`` per field, for a loader that
+        copies whole episodes at once (a Minari dataset); a ValueError where the steps wrap
+        past the lanes' end (open them from a fresh stream)."""
+        if self.col + self.T > self.writer.lane_capacity:
+            raise ValueError(
+                f"T: {self.T} steps from lane position {self.col} wrap past the lanes' "
+                f"{self.writer.lane_capacity} slots; open at most {self.writer.lane_capacity - self.col}"
+            )
+        return {k: a[self.col : self.col + self.T] for k, a in self._arrays.items()}
+
     def _filled(self) -> dict[str, torch.Tensor]:
         """The ``T`` steps' rows of each float field, time-major ``[T * N, ...]``."""
         T, L, col, out = self.T, self.writer.lane_capacity, self.col, {}
@@ -115,6 +126,10 @@ class LockedSteps:
         """:meth:`StepSlots.step_arrays`."""
         return self.slots.step_arrays(t)
 
+    def block_arrays(self) -> dict[str, np.ndarray]:
+        """:meth:`StepSlots.block_arrays`."""
+        return self.slots.block_arrays()
+
     def commit(self, terminated: torch.Tensor, truncated: torch.Tensor) -> np.ndarray:
         """:meth:`StepSlots.commit` under the lock, then ``written``."""
         with self.lock:
@@ -123,9 +138,11 @@ class LockedSteps:
         return index
 
 
-def open_steps(writer: StreamWriter, T: int) -> StepSlots | None:
+def open_steps(writer: StreamWriter, T: int, any_fields: bool = False) -> StepSlots | None:
     """Slots for ``T`` steps written in place (module docstring), or None where the stream
-    ``writer`` writes cannot take them so (then collect a batch and ``extend`` it)."""
+    ``writer`` writes cannot take them so (then collect a batch and ``extend`` it).
+    ``any_fields``: the caller fills every slot field, extra fields too (a dataset loader),
+    not only the obs fields, ``action`` and ``reward``."""
     writer.check_open()
     lanes, L = writer.lanes, writer.lane_capacity
     if (
@@ -133,7 +150,8 @@ def open_steps(writer: StreamWriter, T: int) -> StepSlots | None:
         or writer.stacked_input
         or writer.compressed
         or not 1 <= T <= L
-        or set(writer.slot_spec) != {*writer.obs_keys, "action", "reward"}
+        or not any_fields
+        and set(writer.slot_spec) != {*writer.obs_keys, "action", "reward"}
     ):
         return None
     tensors = writer.rows.step_tensors()  # None: not contiguous CPU tensors

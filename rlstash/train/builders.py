@@ -145,11 +145,15 @@ class ReplayLearning(Learning):
         if state is not None:
             return restore_buffer(run_dir, device)
         spec = step_spec(info.obs_space, info.act_space)
+        if cfg.dataset:  # offline-to-online: the dataset's lanes planned beside the online ones
+            more = offline.dataset_slots(cfg, info)
+            size = cfg.buffer_size // cfg.lanes * cfg.lanes + more
+            cfg = dataclasses.replace(cfg, buffer_size=size)
         rb = make_buffer(cfg, spec, run_dir, agent_cfg.gamma, device, info.frame_stack)
-        if cfg.dataset:  # offline-to-online: the dataset's episodes first
+        if cfg.dataset:  # the dataset's episodes first, in every lane
             with contextlib.ExitStack() as undo:
                 undo.callback(rb.close)
-                offline.seed_buffer(rb, cfg, info)
+                offline.seed_buffer(rb, cfg)
                 undo.pop_all()
         return rb
 

@@ -9,7 +9,10 @@ gradient steps, ``--gradient-steps`` of them per round, ``--eval-every`` and
 resume).
 
 Offline-to-online (``--dataset`` with an online algorithm, sac or td3): the run's replay is
-seeded with the dataset's episodes before collection starts (:func:`seed_buffer`).
+seeded with the dataset's episodes before collection starts (:func:`seed_buffer`), dealt
+over its ``--envs`` lanes; its capacity is ``--buffer-size`` plus the dataset's slots
+(:func:`dataset_slots`), so the online steps overwrite the dataset only after
+``--buffer-size`` of them.
 """
 
 from __future__ import annotations
@@ -62,20 +65,33 @@ def _check_spaces(cfg: Any, ds: Any, info: Any) -> None:
         )
 
 
-def seed_buffer(rb: ReplayBuffer, cfg: Any, info: Any) -> int:
-    """Fill the run's replay ``rb`` (one lane) with the episodes of ``cfg.dataset`` before
-    collection starts; returns the steps written. A ValueError for a replay of several lanes
-    (``--envs`` > 1: the dataset's episodes would need a lane each) or mismatched spaces."""
+def dataset_slots(cfg: Any, info: Any) -> int:
+    """Slots the replay of an offline-to-online run adds to ``--buffer-size`` for the episodes
+    of ``cfg.dataset``, dealt over its ``cfg.lanes`` lanes (each lane ``P`` slots more:
+    :func:`rlstash.datasets.minari_fill.deal`); the memory plan counts both. A ValueError for
+    mismatched spaces, frame-stacked observations or too few episodes for the lanes."""
     from rlstash.datasets import minari as mds
+    from rlstash.datasets.minari_fill import deal
 
-    if rb.storage.num_envs != 1:
+    if info.frame_stack > 1:
         raise ValueError(
-            f"envs: seeding the replay from --dataset needs one env lane, got {cfg.lanes}; "
-            f"give --envs 1"
+            f"dataset: seeding a frame-stacked replay (--history or Atari, {info.frame_stack} "
+            f"frames) from a dataset is not supported; drop --dataset or --history"
         )
     ds = mds.load(cfg.dataset)
     _check_spaces(cfg, ds, info)
-    return mds.fill_stream(rb.storage, ds.iterate_episodes(), extend=rb.extend)
+    _, P = deal(mds.episode_lengths(ds), cfg.lanes)
+    return P * cfg.lanes
+
+
+def seed_buffer(rb: ReplayBuffer, cfg: Any) -> int:
+    """Fill the fresh replay ``rb`` with the episodes of ``cfg.dataset`` before collection
+    starts, dealt over its lanes (the slots :func:`dataset_slots` planned), each copied once
+    into its slots; returns the steps written. The envs then collect into the same lanes,
+    after the dataset's episodes."""
+    from rlstash.datasets import minari as mds
+
+    return mds.fill_dataset(rb, rb.storage, mds.load(cfg.dataset))
 
 
 class OfflineLearning(Learning):
