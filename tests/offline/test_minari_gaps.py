@@ -70,7 +70,19 @@ def test_loading_copies_each_episode_once_into_the_planned_storage(minari_path):
     """The storage's slots are planned first; the numpy temporaries of a load stay an
     episode's size, never the dataset's (on main each episode was copied into padded rows,
     then into chunks of up to 65,536 slots, before extend copied the chunk in)."""
-    ds = collect("test/wide-v0", gym.wrappers.TimeLimit(WideEnv(512), 40), steps=2000)
+    from minari.data_collector.episode_buffer import EpisodeBuffer
+
+    rng = np.random.default_rng(0)
+    eps = [EpisodeBuffer(observations=rng.random((41, 512), np.float32),
+                         actions=rng.random((40, 2), np.float32), rewards=rng.random(40),
+                         terminations=np.arange(40) == 39, truncations=np.zeros(40, bool))
+           for _ in range(50)]  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        ds = minari.create_dataset_from_buffers(
+            "test/wide-v0", eps, observation_space=WideEnv(512).observation_space,
+            action_space=WideEnv.action_space,
+        )  # fmt: skip
     mds.from_minari(ds).close()  # warm: imports, h5py caches
     tracemalloc.start()
     try:
