@@ -4,7 +4,10 @@ The newest complete checkpoint's buffer (checked against its manifest) is writte
 episode (:func:`rlstash.datasets.minari.to_minari`) as the dataset ``NAME`` under
 ``MINARI_DATASETS_PATH`` (default ``~/.minari/datasets``), naming the run's env, so that
 ``minari.load_dataset(NAME)`` reads it back and ``rlstash train --dataset NAME`` trains on it.
-Needs ``pip install 'rlstash[minari]'``.
+The buffer's ``info/...`` fields become the episodes' ``infos``. A frame-stacked run (Atari,
+``--history K``) writes the single frames its buffer stores, with the env's frame as the
+observation space and ``frame_stack: K`` in the dataset's metadata (``from_minari`` stacks by
+it again). Needs ``pip install 'rlstash[minari]'``.
 """
 
 from __future__ import annotations
@@ -90,7 +93,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="write a run's replay buffer as a Minari dataset",
         **describe(
             "Write a run's replay buffer as a Minari dataset (episodes oldest first, termination\n"
-            "and truncation kept) that minari.load_dataset reads back.",
+            "and truncation kept) that minari.load_dataset reads back; a frame-stacked run\n"
+            "writes single frames and records frame_stack in the dataset's metadata.",
             "rlstash export runs/sac-Pendulum-v1 --minari pendulum/sac-v0",
             "guides/offline/",
         ),

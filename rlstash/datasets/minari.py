@@ -176,19 +176,24 @@ def info_spec(dataset: Any, infos: bool | Iterable[str]) -> dict[str, Field]:
     naming it), False none. Read from the dataset's first episode."""
     if infos is False or infos is None:
         return {}
+    if infos is not True:
+        infos = [infos] if isinstance(infos, str) else list(infos)
+        if not infos:
+            return {}
     ds = load(dataset)
     first = next(ds.iterate_episodes(ds.episode_indices[:1]), None)
     found = _flat_obs(first.infos or {}, "info") if first is not None else {}
     want = list(found) if infos is True else [_info_name(k) for k in infos]
-    unknown = [k for k in want if k not in found] or (["info/*"] if not found else [])
-    if unknown:
-        have = (
-            ", ".join(k[5:] for k in found)
-            or "none (record them: DataCollector(record_infos=True))"
+    if not found:
+        raise ValueError(
+            f"infos: dataset {ds.id} records no infos; record them when collecting "
+            f"(minari.DataCollector(env, record_infos=True)) or drop infos"
         )
+    unknown = [k for k in want if k not in found]
+    if unknown:
         raise ValueError(
             f"infos: {', '.join(k[5:] for k in unknown)} not in the infos of dataset {ds.id} "
-            f"(found: {have}); name keys it has"
+            f"(found: {', '.join(k[5:] for k in found)}); name keys it has"
         )
     T = len(first.rewards)
     fields, skipped = {}, []
