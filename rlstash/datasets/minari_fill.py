@@ -163,6 +163,13 @@ class Grid:
             self.trunc[last, lane] = True  # cut here, or an episode cut without a flag
 
 
+def _host_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype a grid of this field is staged in (float32 for bfloat16)."""
+    if dtype == torch.bfloat16:
+        return np.dtype(np.float32)
+    return torch.empty(0, dtype=dtype).numpy().dtype
+
+
 def episode_fields(ep: Any, spec: Spec, per_slot: Callable[[Any], dict[str, Any]]) -> dict:
     """The arrays of a Minari episode by stream field, shapes checked (module docstring)."""
     T = len(ep.rewards)
@@ -202,7 +209,7 @@ def fill(
     else:
         N = storage.num_envs
         arrays = {
-            k: np.zeros((P, N, *f.shape), torch.empty(0, dtype=f.dtype).numpy().dtype)
+            k: np.zeros((P, N, *f.shape), _host_dtype(f.dtype))
             for k, f in storage.slot_spec.items()
         }
     names = [k for k in storage.slot_spec if k not in ("action", "reward")]
@@ -232,6 +239,6 @@ def fill(
         return steps
     for a in range(0, P, max(1, CHUNK // storage.num_envs)):
         b = min(P, a + max(1, CHUNK // storage.num_envs))
-        chunk = {k: torch.from_numpy(v[a:b]) for k, v in arrays.items()}
+        chunk = {k: torch.from_numpy(v[a:b]).to(spec[k].dtype) for k, v in arrays.items()}
         target.extend({**chunk, "terminated": term[a:b], "truncated": trunc[a:b]})
     return steps

@@ -200,3 +200,20 @@ def test_a_frame_stacked_stream_exports_frames_and_reads_back_the_same_stacks(mi
     for key, value in want.items():
         torch.testing.assert_close(got[key], value, msg=key)
     st.close(), st2.close()
+
+
+@pytest.mark.parametrize("where", ["disk", "extend"])
+def test_disk_and_the_extend_path_load_the_same_transitions(where, minari_path, tmp_path):
+    """A disk stream is written in place too; a stream that cannot be (here bfloat16 slots,
+    which numpy cannot view) gets the same grid through extend."""
+    ds = collect("test/pend-v0", gym.make("Pendulum-v1", max_episode_steps=30), steps=100)
+    want = mds.from_minari(ds)
+    spec = None
+    if where == "extend":
+        spec = {"obs": ((3,), torch.float32), "action": ((1,), torch.bfloat16)}
+    kwargs = {"backing": "disk", "path": tmp_path / "d"} if where == "disk" else {}
+    got = mds.from_minari(ds, spec=spec, **kwargs)
+    a, b = want.read(np.flatnonzero(want.valid)), got.read(np.flatnonzero(got.valid))
+    for key, value in a.items():
+        torch.testing.assert_close(b[key], value.to(b[key].dtype), msg=key)
+    want.close(), got.close()
