@@ -245,6 +245,7 @@ class QMIX:
         epsilon-greedy per agent (the multi-agent collectors' acting contract, as MAPPO's)."""
         q = self.q_values(self.nets["q"], obs.to(self.device))  # [E, A, n]
         if action_mask is not None:
+            action_mask = action_mask.to(self.device)
             q = q.masked_fill(~action_mask, -torch.inf)
         greedy = q.argmax(-1)  # [E, A]
         if deterministic:
@@ -305,7 +306,7 @@ class QMIX:
         y = fn.call(self.td_target, None, None, batch)
         grad, (loss, (q_tot, valid)) = fn.grad(self.loss, "q", batch, y)
         norm = self.opt.apply(grad, self.config.max_grad_norm)
-        lerp_(*self._pairs, self.tau_now)
+        lerp_(*self._target_pairs(), self.tau_now)  # views made in the graph (as DQN's)
         return self._metrics(loss, q_tot, y, valid, norm)
 
     def _compile_now(self) -> bool:
@@ -380,9 +381,7 @@ def build_agent(
     obs_dim, state_dim or None); ``act_space`` one agent's Discrete."""
     n_agents, obs_dim, state_dim = sizes
     if not isinstance(act_space, spaces.Discrete):
-        raise ValueError(
-            f"algo {config.mixer}: needs Discrete actions per agent, got {act_space}"
-        )
+        raise ValueError(f"algo {config.mixer}: needs Discrete actions per agent, got {act_space}")
     return QMIX(n_agents, obs_dim, int(act_space.n), state_dim, config, device)
 
 

@@ -76,7 +76,8 @@ class PlanConfig:
     algo: str = s(
         "",
         "A multi-agent algorithm (mappo, ippo): plan the [T, E, A] rollout rlstash train "
-        "--algo ALGO --env ENV --envs N allocates (on --buffer-device) instead of a replay.",
+        "--algo ALGO --env ENV --envs N allocates (on --buffer-device) instead of a replay; "
+        "qmix, vdn: their multi-agent stream replay of --buffer-size slots.",
     )
     envs: int | None = s(
         None, "With --algo: the envs of the rollout, as rlstash train --envs (default: the "

@@ -69,6 +69,7 @@ class MultiAgentStreamCollector:
             step = self.last
             obs = self.fields(step)
             _, action, _ = agent.act(obs["obs"], step.action_mask[g])
+            action = action.to(self.env.device)
             nxt = self.env.step({g: action})
             m = step.mask[g]
             truncated = nxt.env_done & nxt.truncated[g].any(-1)  # [E]

@@ -134,10 +134,16 @@ class MultiAgentReplayLearning(MultiAgentLearning):
         cfg.check_replay()  # the lanes of the stream at the run's envs
         return cfg, agent_cfg
 
+    def place(self, cfg: Any, device: torch.device) -> Any:
+        if cfg.env.startswith("vmas/"):  # its steps stay on its device: the replay lives there
+            cfg = dataclasses.replace(cfg, buffer_device=str(device))
+        return cfg
+
     def make_store(
         self, cfg: Any, agent_cfg: Any, info: MultiAgentInfo, run_dir: Path,
         device: torch.device, state: dict[str, Any] | None,
     ) -> ReplayBuffer:  # fmt: skip
+        from rlstash.device import resolve_device
         from rlstash.memory import InsufficientMemoryError
 
         if state is not None:
@@ -149,7 +155,7 @@ class MultiAgentReplayLearning(MultiAgentLearning):
         try:  # planned and checked before anything is allocated (I2): one line naming the flags
             st = StreamStorage(
                 stream_spec(info), cfg.envs, capacity, backing="disk" if disk else "ram",
-                device="cpu" if disk else cfg.buffer_device, path=run_dir / "buffer" if disk
+                device="cpu" if disk else resolve_device(cfg.buffer_device, "buffer_device"), path=run_dir / "buffer" if disk
                 else None, autoreset="SameStep",
                 reads=ReadSpec(n_step=cfg.n_steps, gamma=agent_cfg.gamma),
             )  # fmt: skip
@@ -255,4 +261,11 @@ def plan_stream(cfg: Any, device: torch.device) -> tuple[MemoryPlan, dict[str, A
                     "n_agents": info.n_agents}  # fmt: skip
 
 
-__all__ = ["MARL_REPLAY", "MultiAgentReplayLearning", "StreamInfo", "capacity_of", "plan_stream", "stream_spec"]
+__all__ = [
+    "MARL_REPLAY",
+    "MultiAgentReplayLearning",
+    "StreamInfo",
+    "capacity_of",
+    "plan_stream",
+    "stream_spec",
+]

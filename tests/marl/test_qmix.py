@@ -19,8 +19,9 @@ A, D, N, S, B = 3, 4, 5, 6, 7
 
 def _agent(mixer: str, share: bool = True, state: bool = True, **kw) -> QMIX:
     cls = QMIXConfig if mixer == "qmix" else VDNConfig
+    kw.setdefault("compile", False)
     cfg = cls(net_arch=(8,), share_params=share, mixing_embed_dim=4, learning_rate=1e-2,
-              seed=3, compile=False, **kw)  # fmt: skip
+              seed=3, **kw)  # fmt: skip
     return QMIX(A, D, N, S if state else None, cfg)
 
 
@@ -29,7 +30,8 @@ def _batch(seed: int, state: bool = True) -> dict[str, torch.Tensor]:
     avail = torch.rand(B, A, N, generator=g) > 0.3
     avail[..., 0] = True
     batch = {
-        "obs": torch.randn(B, A, D, generator=g), "next_obs": torch.randn(B, A, D, generator=g),
+        "obs": torch.randn(B, A, D, generator=g),
+        "next_obs": torch.randn(B, A, D, generator=g),
         "action": torch.randint(0, N, (B, A), generator=g),
         "reward": torch.randn(B, A, generator=g),
         "terminated": torch.rand(B, generator=g) > 0.7,
@@ -143,14 +145,14 @@ def test_qmix_mixer_is_monotonic_in_every_agent_q() -> None:
     assert (grad >= 0).all() and (grad > 0).any()
 
 
-@pytest.mark.parametrize("mixer", ["qmix", "vdn"])
-def test_compiled_update_equals_eager(mixer: str, aot_eager) -> None:  # noqa: F811
-    eager, comp = _agent(mixer), _agent(mixer, compile=True)
+def test_compiled_update_equals_eager(aot_eager) -> None:  # noqa: F811
+    # one case (a compilation takes ~10 s): QMIX's step holds VDN's (the mixer is a module)
+    eager, comp = _agent("qmix"), _agent("qmix", compile=True)
     for i in range(2):
         out_e, out_c = eager.update(_batch(i)), comp.update(_batch(i))
         for key in METRICS:
             assert out_c[key].item() == pytest.approx(out_e[key].item(), rel=1e-4, abs=1e-5), key
-    for name in ("q", "mixer", "q_target", "mixer_target"):
+    for name in ("q", "mixer", "q_target", "mixer_target"):  # targets moved in the graph too
         for p_c, p_e in zip(comp.nets[name].parameters(), eager.nets[name].parameters()):
             torch.testing.assert_close(p_c, p_e, rtol=1e-4, atol=1e-5)
     assert comp.compile_seconds > 0 and eager.compile_seconds == 0

@@ -41,11 +41,14 @@ def _step(t: int, done: list[bool]) -> dict[str, torch.Tensor]:
     mask = torch.ones(E, A, dtype=torch.bool)
     mask[1, 2] = t % 2 == 0  # env 1's agent 2 acts every other step
     batch = {
-        "obs": torch.full((E, A, D), float(t)), "obs/state": torch.full((E, S), 10.0 + t),
+        "obs": torch.full((E, A, D), float(t)),
+        "obs/state": torch.full((E, S), 10.0 + t),
         "obs/action_mask": pack_bits(torch.arange(N_ACT).expand(E, A, N_ACT) <= t % N_ACT),
-        "obs/mask": mask, "action": torch.full((E, A), t),
+        "obs/mask": mask,
+        "action": torch.full((E, A), t),
         "reward": torch.arange(A).float().expand(E, A) + t,
-        "terminated": torch.tensor(done), "truncated": torch.zeros(E, dtype=torch.bool),
+        "terminated": torch.tensor(done),
+        "truncated": torch.zeros(E, dtype=torch.bool),
     }
     for k in ("obs", "obs/state", "obs/action_mask", "obs/mask"):
         batch["final_" + k] = batch[k] + 100 if batch[k].is_floating_point() else batch[k]
