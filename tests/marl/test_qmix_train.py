@@ -14,6 +14,11 @@ import pytest
 
 pytest.importorskip("vmas", reason="VMAS is an optional extra: pip install 'rlstash[vmas]'")
 
+from rlstash import cli  # noqa: E402
+from rlstash.storage.stream_plan import bookkeeping_bytes  # noqa: E402
+from rlstash.train import builders  # noqa: E402
+from rlstash.train.config import TrainConfig  # noqa: E402
+
 DISCRETE = ["--env", "vmas/navigation", "--env-kwargs", '{"continuous_actions": false, '
             '"max_steps": 20}']  # fmt: skip
 SMALL = ["--envs", "4", "--batch-size", "16", "--buffer-size", "400", "--train-freq", "40",
@@ -41,17 +46,28 @@ def test_a_short_run_evaluates_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert "resumed at step 80 with" in out.stdout + out.stderr
 
 
-def test_continuous_actions_are_refused_naming_the_fix(tmp_path: Path) -> None:
-    out = _rlstash("train", "--run-dir", str(tmp_path), "--algo", "vdn", "--env",
-                   "vmas/navigation", "--quiet")  # fmt: skip
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert "continuous_actions" in out.stderr and "--env-kwargs" in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1
+def test_continuous_actions_are_refused_naming_the_fix(tmp_path: Path, capsys) -> None:
+    argv = ["train", "--run-dir", str(tmp_path), "--algo", "vdn", "--env", "vmas/navigation"]
+    assert cli.main([*argv, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "continuous_actions" in err and "--env-kwargs" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
     assert not list(tmp_path.iterdir())  # nothing written
 
 
-def test_plan_prints_the_streams_plan() -> None:
-    out = _rlstash("plan", "--algo", "qmix", *DISCRETE, "--envs", "8", "--buffer-size", "8000")
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "StreamStorage of --algo qmix on vmas/navigation: 8,000 slots over 8 envs" in out.stdout
-    assert "obs 3x" in out.stdout and "obs/mask 3:bool" in out.stdout
+def test_plan_prints_the_bytes_the_run_allocates(tmp_path: Path, capsys) -> None:
+    argv = ["plan", "--algo", "qmix", *DISCRETE, "--envs", "8", "--buffer-size", "800"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "StreamStorage of --algo qmix on vmas/navigation: 800 slots over 8 envs" in out
+    cfg = TrainConfig(algo="qmix", env="vmas/navigation", env_kwargs=DISCRETE[-1], envs=8,
+                      buffer_size=800, device="cpu", run_dir=str(tmp_path), quiet=True)  # fmt: skip
+    run = builders.build_run(cfg, tmp_path / "r")
+    try:
+        st = run.rb.storage
+        held = sum(t.numel() * t.element_size() for t in st.backing.tensors.values())
+        assert f"{st.nbytes:,}" in out and st.nbytes == st.plan.total
+        assert held + bookkeeping_bytes(8, 800) == st.nbytes
+        assert "obs/mask" in out and "next_obs" not in out  # each observation once
+    finally:
+        run.close()
