@@ -71,3 +71,20 @@ def test_plan_prints_the_bytes_the_run_allocates(tmp_path: Path, capsys) -> None
         assert "obs/mask" in out and "next_obs" not in out  # each observation once
     finally:
         run.close()
+
+
+def test_a_pettingzoo_env_with_masks_and_ragged_agents_trains(tmp_path: Path) -> None:
+    pytest.importorskip("pettingzoo", reason="PettingZoo is an optional extra")
+    from rlstash.train.loop import train
+
+    # tests.marl.pz_fakes: Discrete(3) actions, a_0 with an action mask, an agent done early
+    # and one joining late, a global state; in-process envs (workers 0)
+    cfg = TrainConfig(algo="vdn", env="pettingzoo:tests.marl.pz_fakes", envs=4, workers=0,
+                      steps=80, batch_size=16, buffer_size=200, train_freq=40, gradient_steps=2,
+                      agent={"net_arch": [16], "compile": False}, eval_every=80,
+                      eval_episodes=2, checkpoint_every=80, run_dir=str(tmp_path), name="p", device="cpu",
+                      quiet=True, env_kwargs='{"length": 6}')  # fmt: skip
+    result = train(cfg)
+    assert result.steps == 80 and (tmp_path / "p" / "checkpoint").is_dir()
+    header = (tmp_path / "p" / "progress.csv").read_text().splitlines()[0].split(",")
+    assert {"return_a_0", "return_a_2", "loss"} <= set(header)
