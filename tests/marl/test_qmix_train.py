@@ -6,8 +6,6 @@ stream's plan."""
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,24 +24,20 @@ SMALL = ["--envs", "4", "--batch-size", "16", "--buffer-size", "400", "--train-f
          "--eval-every", "40", "--eval-episodes", "2", "--checkpoint-every", "40", "--quiet"]  # fmt: skip
 
 
-def _rlstash(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "rlstash", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-
-
-def test_a_short_run_evaluates_checkpoints_and_resumes(tmp_path: Path) -> None:
-    out = _rlstash("train", "--run-dir", str(tmp_path), "--algo", "qmix", *DISCRETE, *SMALL,
-                   "--steps", "80", "--name", "r")  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
+def test_a_short_run_evaluates_checkpoints_and_resumes(tmp_path: Path, capsys) -> None:
+    # in-process (cli.main, as `rlstash train` runs it): no interpreter and torch start per run
+    argv = ["train", "--run-dir", str(tmp_path), "--algo", "qmix", *DISCRETE, *SMALL,
+            "--steps", "80", "--name", "r", "--device", "cpu"]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr()
     run = tmp_path / "r"
-    assert "replay: StreamStorage of 400 slots over 4 envs" in out.stdout + out.stderr
+    assert "replay: StreamStorage of 400 slots over 4 envs" in out.out + out.err
     header = (run / "progress.csv").read_text().splitlines()[0].split(",")
     assert {"return_agent_0", "return_agent_2", "loss", "q_tot_mean"} <= set(header)
     evals = list(csv.DictReader((run / "eval.csv").open()))
     assert [int(r["step"]) for r in evals] == [40, 80]
-    out = _rlstash("train", "--resume", str(run))
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "resumed at step 80 with" in out.stdout + out.stderr
+    assert cli.main(["train", "--resume", str(run)]) == 0
+    assert "resumed at step 80 with" in capsys.readouterr().out
 
 
 def test_continuous_actions_are_refused_naming_the_fix(tmp_path: Path, capsys) -> None:
