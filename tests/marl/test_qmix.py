@@ -17,11 +17,19 @@ from tests.agents.conftest import aot_eager, no_cuda  # noqa: F401 (fixtures: co
 A, D, N, S, B = 3, 4, 5, 6, 7
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Small updates on one thread (two threads on a loaded 2-core machine spin: ~20x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _agent(mixer: str, share: bool = True, state: bool = True, **kw) -> QMIX:
     cls = QMIXConfig if mixer == "qmix" else VDNConfig
-    kw.setdefault("compile", False)
-    cfg = cls(net_arch=(8,), share_params=share, mixing_embed_dim=4, learning_rate=1e-2,
-              seed=3, **kw)  # fmt: skip
+    kw = {"compile": False, "learning_rate": 1e-2, **kw}
+    cfg = cls(net_arch=(8,), share_params=share, mixing_embed_dim=4, seed=3, **kw)
     return QMIX(A, D, N, S if state else None, cfg)
 
 
@@ -181,3 +189,26 @@ def test_settings_are_checked() -> None:
         QMIXConfig(team_reward="max")
     with pytest.raises(ValueError, match="mixer"):
         QMIXConfig(mixer="qtran")
+
+
+@pytest.mark.parametrize("mixer", ["qmix", "vdn"])
+def test_a_one_step_team_game_is_learned(mixer: str) -> None:
+    # each agent's reward is its action index except agent 0, whose best action (4) is masked
+    # out: the greedy joint action is (3, 4, 4), found through the team's value alone
+    agent = _agent(mixer, learning_rate=3e-2)
+    g = torch.Generator().manual_seed(0)
+    avail = torch.ones(64, A, N, dtype=torch.bool)
+    avail[:, 0, 4] = False
+    for _ in range(150):
+        action = torch.randint(0, N, (64, A), generator=g)
+        action[:, 0] = action[:, 0].clamp(max=3)
+        batch = {
+            "obs": torch.zeros(64, A, D), "next_obs": torch.zeros(64, A, D), "action": action,
+            "reward": action.float(), "terminated": torch.ones(64, dtype=torch.bool),
+            "obs/mask": torch.ones(64, A, dtype=torch.bool),
+            "next_obs/mask": torch.ones(64, A, dtype=torch.bool),
+            "obs/state": torch.zeros(64, S), "next_obs/state": torch.zeros(64, S),
+        }  # fmt: skip
+        agent.update(batch)
+    greedy, _, _ = agent.act(torch.zeros(1, A, D), avail[:1], deterministic=True)
+    assert greedy.tolist() == [[3, 4, 4]]
