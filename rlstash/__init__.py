@@ -62,6 +62,12 @@ _EXPORTS: dict[str, str] = {
     "MAPPO": "rlstash.agents.mappo",
     "MAPPOConfig": "rlstash.agents.mappo",
     "IPPOConfig": "rlstash.agents.mappo",
+    # multi-agent off-policy: the stream's agent fields, its collector, QMIX/VDN
+    "agent_step_spec": "rlstash.storage.stream_agents",
+    "MultiAgentStreamCollector": "rlstash.collect.marl_stream",
+    "QMIX": "rlstash.agents.qmix",
+    "QMIXConfig": "rlstash.agents.qmix",
+    "VDNConfig": "rlstash.agents.qmix",
     # agents
     "DQN": "rlstash.agents.dqn",
     "DQNConfig": "rlstash.agents.dqn",
@@ -119,11 +125,14 @@ __all__ = [
     "MultiAgentCollector",
     "MultiAgentRollout",
     "MultiAgentStep",
+    "MultiAgentStreamCollector",
     "MultiAgentVectorEnv",
     "PPO",
     "PPOConfig",
     "PettingZooVectorEnv",
     "PrioritizedSampler",
+    "QMIX",
+    "QMIXConfig",
     "RateLimiter",
     "RayActorFailedError",
     "RayCollector",
@@ -150,8 +159,10 @@ __all__ = [
     "push_to_hub",
     "pull_from_hub",
     "UniformSampler",
+    "VDNConfig",
     "VmasVectorEnv",
     "WorkerFailedError",
+    "agent_step_spec",
     "from_rsl_rl",
     "obs_shapes",
     "plan",
@@ -179,6 +190,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.agents.base import read_metrics
     from rlstash.agents.dict_obs import obs_shapes
     from rlstash.agents.mappo import MAPPO, IPPOConfig, MAPPOConfig
+    from rlstash.agents.qmix import QMIX, QMIXConfig, VDNConfig
+    from rlstash.collect.marl_stream import MultiAgentStreamCollector
     from rlstash.collect.multiagent import MultiAgentCollector
     from rlstash.collect.ray import RayActorFailedError, RayCollector
     from rlstash.collect.sync import Collector
@@ -202,6 +215,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.storage.marl_rollout import MultiAgentRollout
     from rlstash.storage.ram import TensorStorage
     from rlstash.storage.rollout import RolloutStorage
+    from rlstash.storage.stream_agents import agent_step_spec
     from rlstash.train.config import TrainConfig
     from rlstash.train.tracking import Logger, WandbLogger, wandb_logger
     from rlstash.writer import RingWriter

@@ -8,7 +8,9 @@ the sampler, the layout, the env and frame counts) are plan's own. Nothing is al
 With a multi-agent ``--algo`` (mappo, ippo) it plans the [T, E, A] rollout ``rlstash train``
 would allocate for ``--env``, ``--envs`` and ``--env-kwargs`` (train's fields) on
 ``--buffer-device``: the rollout's own plan (:meth:`~rlstash.storage.marl_rollout.
-MultiAgentRollout.plan`), refused with the rollout's own line when it does not fit.
+MultiAgentRollout.plan`), refused with the rollout's own line when it does not fit. With an
+off-policy one (qmix, vdn) it plans the multi-agent stream replay of ``--buffer-size`` slots
+over ``--envs`` lanes (:func:`rlstash.train.marl_offpolicy.plan_stream`).
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ class PlanConfig:
     algo: str = s(
         "",
         "A multi-agent algorithm (mappo, ippo): plan the [T, E, A] rollout rlstash train "
-        "--algo ALGO --env ENV --envs N allocates (on --buffer-device) instead of a replay.",
+        "--algo ALGO --env ENV --envs N allocates (on --buffer-device) instead of a replay; "
+        "qmix, vdn: their multi-agent stream replay of --buffer-size slots.",
     )
     envs: int | None = s(
         None, "With --algo: the envs of the rollout, as rlstash train --envs (default: the "
@@ -171,7 +174,7 @@ def _check_algo(cfg: PlanConfig) -> None:
                     "add --algo mappo (or ippo), or drop it (--num-envs: the stream layout's envs)",
                 )  # fmt: skip
         return
-    multi = sorted(n for n, a in algos.ALGOS.items() if a.store == "multiagent")
+    multi = sorted(n for n, a in algos.ALGOS.items() if a.store in ("multiagent", "marl_replay"))
     if cfg.algo not in multi:
         raise SettingError(
             "algo", f"a multi-agent algorithm ({', '.join(multi)}): plan plans its rollout",
@@ -231,11 +234,13 @@ def build_rollout_plan(
     import torch
 
     from rlstash.storage.marl_rollout import MultiAgentRollout
-    from rlstash.train import marl
+    from rlstash.train import algos, marl
 
     args = plan_config(args)
     device = torch.device(args.buffer_device)
     given = dict(algo=args.algo, env=args.env, env_kwargs=args.env_kwargs, device=str(device))
+    if algos.ALGOS[args.algo].store == "marl_replay":
+        return _stream_plan(args, given, device)
     try:
         cfg = TrainConfig(**given, envs=args.envs or 1)
         result, sizes = marl.plan_rollout(cfg, device)
@@ -251,6 +256,26 @@ def build_rollout_plan(
     )
     refuse = functools.partial(MultiAgentRollout.check_fits, result.fields, T, E, A, device)
     return result, head, refuse
+
+
+def _stream_plan(
+    args: PlanConfig, given: dict[str, Any], device: Any
+) -> tuple[MemoryPlan, str, Callable[[], None]]:
+    """:func:`build_rollout_plan` of an off-policy multi-agent ``--algo``: its stream replay."""
+    from rlstash.train import marl_offpolicy
+
+    try:
+        cfg = TrainConfig(**given, envs=args.envs or 1, buffer_size=args.buffer_size)
+        result, sizes = marl_offpolicy.plan_stream(cfg, device)
+    except SettingError as exc:
+        raise ValueError(relabel(exc, PlanConfig)) from None
+    fields = ", ".join(f"{k} {f.describe()}" for k, f in sizes["spec"].items())
+    head = (
+        f"StreamStorage of --algo {args.algo} on {args.env}: {sizes['slots']:,} slots over "
+        f"{sizes['num_envs']} envs (lanes), a slot: one env step of A={sizes['n_agents']} "
+        f"agents ({fields}); next observations are rebuilt from the next slot. Rows are slots"
+    )
+    return result, head, result.check
 
 
 def build_plan(args: argparse.Namespace | PlanConfig) -> tuple[MemoryPlan, str]:

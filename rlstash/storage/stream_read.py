@@ -75,10 +75,12 @@ class StreamReader:
                 got[k], got["next_" + k] = win[:, :-1], win[:, 1:]
         if n > 1:
             w = np.where(np.arange(n) < m[:, None], gamma ** np.arange(n), 0.0)  # [P, n]
-            r = got["reward"].reshape(w.shape)  # [P, n]
+            r = got["reward"].reshape(*w.shape, -1)  # [P, n, A] (A = 1: a scalar reward)
             acc = torch.float64 if r.dtype == torch.float64 else torch.float32
-            r = torch.where(self.to_device(w > 0), r.to(acc), 0.0)  # steps past m may be stale
-            got["reward"] = (r * self.to_device(w).to(acc)).sum(1)
+            wt = self.to_device(w)[..., None]  # [P, n, 1]
+            r = torch.where(wt > 0, r.to(acc), 0.0)  # steps past m may be stale
+            r = (r * wt.to(acc)).sum(1)  # [P, A]
+            got["reward"] = r.reshape(len(flat), *self.slot_spec["reward"].shape)
         dtype = self.reward_dtype
         if got["reward"].dtype != dtype:
             got["reward"] = got["reward"].to(dtype)

@@ -36,7 +36,9 @@ def obs_names(spec: Spec) -> list[str]:
 
 
 def step_spec(spec: Spec | Mapping) -> Spec:
-    """The fields ``extend`` takes per env: ``spec`` plus reward/terminated/truncated defaults."""
+    """The fields ``extend`` takes per env: ``spec`` plus reward/terminated/truncated defaults.
+    ``reward`` is a float scalar, or ``[A]`` (one per agent of a multi-agent step:
+    :mod:`rlstash.storage.stream_agents`; n-step returns are summed per agent)."""
     spec = as_spec(spec)
     if not obs_names(spec) or "action" not in spec:
         raise ValueError(
@@ -48,9 +50,10 @@ def step_spec(spec: Spec | Mapping) -> Spec:
         fields.setdefault(name, Field((), torch.bool))
         if fields[name] != Field((), torch.bool):
             raise ValueError(f"spec: field {name!r} must be ():bool, got {fields[name].describe()}")
-    if fields["reward"].shape != () or not fields["reward"].dtype.is_floating_point:
+    if len(fields["reward"].shape) > 1 or not fields["reward"].dtype.is_floating_point:
         raise ValueError(
-            f"spec: field 'reward' must be a float scalar, got {fields['reward'].describe()}"
+            f"spec: field 'reward' must be a float scalar (or [A]: one per agent), got "
+            f"{fields['reward'].describe()}"
         )
     for name in ("next_obs", "done", "discount", "final_obs"):
         if any(k == name or k.startswith(name + "/") for k in fields):

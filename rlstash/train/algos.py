@@ -27,6 +27,8 @@ from rlstash.agents.iql import IQL, IQLConfig
 from rlstash.agents.mappo import IPPOConfig, MAPPOConfig
 from rlstash.agents.mappo import build_agent as build_marl_agent
 from rlstash.agents.ppo import PPO, PPOConfig
+from rlstash.agents.qmix import QMIXConfig, VDNConfig
+from rlstash.agents.qmix import build_agent as build_qmix_agent
 from rlstash.agents.sac import SAC, SACConfig
 from rlstash.agents.sac_discrete import DiscreteSAC, DiscreteSACConfig
 from rlstash.agents.td3 import TD3, TD3Config
@@ -38,7 +40,7 @@ from rlstash.settings import SettingError, field_values
 from rlstash.train.config import ALGOS, LOOP_SETTINGS, RUN_DEFAULTS, TrainConfig
 
 ACTION_KINDS = ("discrete", "continuous")
-STORES = ("replay", "rollout", "offline", "multiagent")
+STORES = ("replay", "rollout", "offline", "multiagent", "marl_replay")
 DEFAULT_STEPS = 100_000
 """A run's env steps when ``steps`` is not given (an on-policy algorithm counts them in
 rollouts of its preset: :func:`rollout_budget`); the run stops earlier at the threshold."""
@@ -351,5 +353,28 @@ for _name, _cfg, _help in (
             presets={"vmas/navigation": dict(_VMAS), "vmas/balance": dict(_VMAS)},
             help=_help,
             store="multiagent",
+        )
+    )
+
+# QMIX and VDN (store "marl_replay": rlstash.train.marl_offpolicy): BenchMARL's off-policy
+# settings (conf/experiment/base_experiment.yaml: 6,000 frames per collection from 10 envs,
+# 1,000 optimizer steps of 128 per collection, a 1M-frame replay, TD(0)) in the loop; the
+# agent's in QMIXConfig/VDNConfig (conf/algorithm/qmix.yaml, vdn.yaml). Evaluation as MAPPO's.
+MARL_OFFPOLICY_LOOP = dict(
+    batch_size=128, buffer_size=1_000_000, learning_starts=0, train_freq=6000,
+    gradient_steps=1000, n_steps=1,
+)  # fmt: skip
+for _name, _cfg, _help in (
+    ("qmix", QMIXConfig, "QMIX (multi-agent, Discrete actions: monotonic mixer of agent Qs)"),
+    ("vdn", VDNConfig, "VDN (multi-agent, Discrete actions: the sum of agent Qs)"),
+):
+    register(
+        Algo(
+            _name,
+            {"discrete": Learner(_cfg, build_qmix_agent)},
+            loop=MARL_OFFPOLICY_LOOP,
+            presets={"vmas/navigation": dict(_VMAS), "vmas/balance": dict(_VMAS)},
+            help=_help,
+            store="marl_replay",
         )
     )

@@ -43,6 +43,7 @@ from rlstash.spec import Spec
 from rlstash.storage.stream import StreamStorage
 from rlstash.train import algos, checkpoint, marl, offline, onpolicy, ray_run, run_memory, video
 from rlstash.train.config import STORAGES, TrainConfig
+from rlstash.train.marl_offpolicy import MARL_REPLAY
 from rlstash.train.run import Learning, Run, make_agent, make_collector, make_run_dir, step_spec
 
 __all__ = [
@@ -210,6 +211,7 @@ LEARNING: dict[str, Learning] = {
     "rollout": onpolicy.ROLLOUT,
     "offline": offline.OFFLINE,
     "multiagent": marl.MULTIAGENT,
+    "marl_replay": MARL_REPLAY,
 }
 """Store name (:attr:`rlstash.train.algos.Algo.store`) -> the :class:`Learning` of its runs."""
 

@@ -104,7 +104,8 @@ class TrainConfig:
     algo: str = s(
         "dqn",
         "Algorithm: dqn, sac (continuous or discrete, by the env's actions), td3 or ppo (both); "
-        "offline from --dataset: iql or td3_bc; mappo or ippo (multi-agent vmas/<scenario> envs).",
+        "offline from --dataset: iql or td3_bc; multi-agent (vmas/<scenario>, pettingzoo:<module>): "
+        "mappo or ippo, qmix or vdn (Discrete actions).",
         group="run",
     )
     env: str = s(
