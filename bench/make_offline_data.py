@@ -87,8 +87,10 @@ def rollout(env_id: str, steps: int, seed: int, policy: Any, n_envs: int) -> lis
         e["tr"][-1] = e["tr"][-1] or not e["te"][-1]
         done_eps.append(
             EpisodeBuffer(
-                observations=np.stack(e["o"]), actions=np.stack(e["a"]).astype(np.float32),
-                rewards=np.asarray(e["r"], np.float64), terminations=np.asarray(e["te"]),
+                observations=np.stack(e["o"]),
+                actions=np.stack(e["a"]).astype(np.float32),
+                rewards=np.asarray(e["r"], np.float64),
+                terminations=np.asarray(e["te"]),
                 truncations=np.asarray(e["tr"]),
             )  # fmt: skip
         )
@@ -162,10 +164,12 @@ def cmd_sac(args: argparse.Namespace) -> None:
     cmd = [
         str(ROOT / ".venv-bench" / "bin" / "rlstash"), "train", "--algo", "sac",
         "--env", args.env, "--seed", str(args.seed), "--torch-threads", "1",
-        "--total-steps", str(args.max_steps), "--eval-every", str(args.eval_every),
-        "--eval-episodes", "10", "--threshold", f"{target:.1f}", "--patience", "1",
+        "--steps", str(args.max_steps), "--eval-every", str(args.eval_every),
+        "--eval-episodes", "10", "--checkpoint-every", str(args.eval_every), "--threshold", f"{target:.1f}", "--patience", "1",
         "--run-dir", str(run_dir.parent), "--name", run_dir.name, "--quiet",
     ]  # fmt: skip
+    if args.net_arch:
+        cmd += ["--net-arch", args.net_arch]
     print("[make_offline_data]", " ".join(cmd), flush=True)
     start = time.perf_counter()
     subprocess.run(cmd, check=True)
@@ -202,7 +206,7 @@ def cmd_medium(args: argparse.Namespace) -> None:
         a = agent.act(torch.as_tensor(obs, dtype=torch.float32), deterministic=False)
         return a.numpy().astype(np.float32)
 
-    name = dataset_id(args.env, "medium")
+    name = dataset_id(args.env, args.name or "medium")
     start = time.perf_counter()
     episodes = rollout(args.env, args.steps, args.seed + 100, policy, args.envs)
     write_dataset(name, args.env, episodes, f"rlstash SAC ({ckpt.name}), stochastic actions")
@@ -218,7 +222,9 @@ def main() -> int:
     parser.add_argument("--envs", type=int, default=16, help="envs stepped per act round")
     parser.add_argument("--target", type=float, default=None, help="sac: eval return to stop at")
     parser.add_argument("--eval-every", type=int, default=5000, help="sac: env steps")
+    parser.add_argument("--net-arch", default="", help="sac: e.g. 64,64 (default: rlstash's)")
     parser.add_argument("--max-steps", type=int, default=1_000_000, help="sac: step budget")
+    parser.add_argument("--name", default="", help="medium: dataset kind (default medium)")
     parser.add_argument("--run", default="", help="medium: the SAC run dir (default: sac's)")
     args = parser.parse_args()
     from bench_venv import ensure_bench_venv

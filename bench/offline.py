@@ -210,9 +210,7 @@ def rlstash_update(algo: str, rb: Any, obs_dim: int, act_dim: int, compile_: boo
     return run, agent
 
 
-def torchrl_update(
-    algo: str, trb: Any, obs_dim: int, act_dim: int, adam_eps: float = 1e-8
-) -> Any:
+def torchrl_update(algo: str, trb: Any, obs_dim: int, act_dim: int, adam_eps: float = 1e-8) -> Any:
     """The update loop of TorchRL's sota-implementations (iql_offline.py, td3_bc.py) with
     their modules (iql/utils.py, td3_bc/utils.py) on ``trb``'s batches: (run, step, actor).
     ``adam_eps``: td3_bc/config.yaml's is 1e-4 (bench/offline_learn.py), IQL's the default."""
@@ -412,8 +410,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="HalfCheetah-v5")
     parser.add_argument("--steps", type=int, default=1_000_000, help="dataset env steps")
-    parser.add_argument("--dataset", default="", help="an existing local Minari dataset "
-                        "(bench/make_offline_data.py; its env and steps) instead of a new one")
+    parser.add_argument(
+        "--dataset",
+        default="",
+        help="an existing local Minari dataset "
+        "(bench/make_offline_data.py; its env and steps) instead of a new one",
+    )
     parser.add_argument("--parts", default="load,updates", help="load, updates or both")
     parser.add_argument("--reps", type=int, default=3, help="loads per loader")
     parser.add_argument("--update-reps", type=int, default=5)

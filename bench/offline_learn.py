@@ -179,9 +179,12 @@ def report() -> str:
             for step in steps:
                 row: list[object] = [f"{step:,}"]
                 for side in ("rlstash", "torchrl"):
-                    vals = [by[(side, s, step)]["normalised"] for s in seeds if (side, s, step) in by]
+                    vals = [
+                        by[(side, s, step)]["normalised"] for s in seeds if (side, s, step) in by
+                    ]
                     row.append(
-                        " / ".join(f"{v:.1f}" for v in vals) + f" (mean {statistics.mean(vals):.1f})"
+                        " / ".join(f"{v:.1f}" for v in vals)
+                        + f" (mean {statistics.mean(vals):.1f})"
                         if vals
                         else "-"
                     )
@@ -189,20 +192,31 @@ def report() -> str:
             rate = {}
             for side in ("rlstash", "torchrl"):
                 last = [
-                    max((r for r in sel if r["side"] == side and r["seed"] == s), key=lambda r: r["step"])
+                    max(
+                        (r for r in sel if r["side"] == side and r["seed"] == s),
+                        key=lambda r: r["step"],
+                    )
                     for s in seeds
                     if any(r["side"] == side and r["seed"] == s for r in sel)
                 ]
                 rate[side] = (
-                    statistics.median(r["step"] / r["update_cpu_s"] for r in last) if last else None,
-                    statistics.median(r["step"] / r["update_wall_s"] for r in last) if last else None,
+                    statistics.median(r["step"] / r["update_cpu_s"] for r in last)
+                    if last
+                    else None,
+                    statistics.median(r["step"] / r["update_wall_s"] for r in last)
+                    if last
+                    else None,
                     max((r["step"] for r in last), default=0),
                 )
             lines += [
                 f"### {algo} on `{dataset}` (seeds {', '.join(map(str, seeds))})",
                 "",
                 markdown_table(
-                    ["gradient steps", "rlstash normalised (per seed)", "TorchRL normalised (per seed)"],
+                    [
+                        "gradient steps",
+                        "rlstash normalised (per seed)",
+                        "TorchRL normalised (per seed)",
+                    ],
                     rows,
                 ),
                 "",
