@@ -73,9 +73,13 @@ def rlstash_side(args: argparse.Namespace) -> tuple[Any, Any, str]:
     obs_dim = rb.storage.spec["obs"].shape[0]
     act_dim = rb.storage.spec["action"].shape[0]
     if args.algo == "iql":
-        agent: Any = IQL((obs_dim,), act_dim, -1.0, 1.0, IQLConfig(seed=args.seed))
+        agent: Any = IQL(
+            (obs_dim,), act_dim, -1.0, 1.0, IQLConfig(seed=args.seed, compile=args.compile)
+        )
     else:
-        agent = TD3BC((obs_dim,), act_dim, -1.0, 1.0, TD3BCConfig(seed=args.seed))
+        agent = TD3BC(
+            (obs_dim,), act_dim, -1.0, 1.0, TD3BCConfig(seed=args.seed, compile=args.compile)
+        )
         for group in agent.groups.values():  # TorchRL's td3_bc adam_eps
             group.eps = TD3BC_ADAM_EPS
             for pg in group.opt.param_groups:
@@ -155,7 +159,7 @@ def train(args: argparse.Namespace) -> None:
             "normalised": round(100 * (mean - lo) / (hi - lo), 2),
             "returns": [round(r, 1) for r in rets], "update_cpu_s": round(cpu_s, 1),
             "update_wall_s": round(wall_s, 1), "eval_s": round(time.perf_counter() - e0, 1),
-            "setup_s": round(setup_s, 1), "bytes_held": held,
+            "setup_s": round(setup_s, 1), "bytes_held": held, "compile": args.compile,
             "load_1m": round(os.getloadavg()[0], 2), "time": time.strftime("%H:%M:%S"),
         }  # fmt: skip
         with LOG.open("a") as f:
@@ -247,6 +251,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=100_000, help="gradient steps")
     parser.add_argument("--eval-every", type=int, default=10_000, help="gradient steps")
     parser.add_argument("--eval-episodes", type=int, default=10)
+    parser.add_argument(
+        "--compile", default="auto", choices=("auto", "true", "false"),
+        help="rlstash: compile the update (auto: as rlstash train; false on a loaded machine "
+        "where a compilation takes many minutes)",
+    )  # fmt: skip
     parser.add_argument("--report", action="store_true", help="print the tables of the log")
     args = parser.parse_args()
     from bench_venv import ensure_bench_venv
@@ -258,6 +267,7 @@ def main() -> int:
     if args.report:
         print(report())
         return 0
+    args.compile = {"true": True, "false": False}.get(args.compile, args.compile)
     if not args.side:
         parser.error("--side: expected rlstash or torchrl (or --report)")
     train(args)
