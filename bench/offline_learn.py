@@ -109,8 +109,11 @@ def torchrl_side(args: argparse.Namespace) -> tuple[Any, Any, str]:
     # (reading the Minari hdf5 into its memory-mapped storage); later runs map it again
     root = WORK / "torchrl"
     root.mkdir(parents=True, exist_ok=True)
+    # (load_from_local_minari=True always preprocesses again, rewriting the memory-mapped files
+    # another run may be reading: a copy already made is opened without it)
+    made = (root / args.dataset / "meta.json").exists()
     trb = MinariExperienceReplay(
-        args.dataset, batch_size=BATCH, root=str(root), load_from_local_minari=True
+        args.dataset, batch_size=BATCH, root=str(root), load_from_local_minari=not made
     )
     held = tensor_bytes(trb.storage._storage)
     trb = torchrl_sampling(trb)
