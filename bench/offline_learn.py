@@ -237,7 +237,7 @@ def report() -> str:
             if rr[0] and tr[0]:
                 lines += [
                     f"Gradient steps/s (median over seeds, CPU-seconds in updates / wall seconds "
-                    f"in updates incl. rlstash's compilation): rlstash {rr[0]:.1f} / {rr[1]:.1f}, "
+                    f"in updates; rlstash compile as the run's --compile): rlstash {rr[0]:.1f} / {rr[1]:.1f}, "
                     f"TorchRL {tr[0]:.1f} / {tr[1]:.1f}: {rr[0] / tr[0]:.2f}x / {rr[1] / tr[1]:.2f}x. "
                     f"Furthest step reached: rlstash {rr[2]:,}, TorchRL {tr[2]:,}.",
                     "",
