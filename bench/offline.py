@@ -31,6 +31,7 @@ gradient steps, 3 seeds) and a "medium" dataset from a trained SAC.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -121,13 +122,36 @@ def load_plain(dataset_id: str) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def torchrl_minari_fix() -> Any:
+    """TorchRL 0.14.1's ``MinariExperienceReplay`` ends its preprocessing with
+    ``td_data = td_data.memmap_like(root)``: a contentless (zero-filled) memory-mapped copy of
+    the episodes it has just read, so its storage and the files under ``root`` hold only zeros
+    (seen 2026-11-27: every action and observation 0; also in pytorch/rl main of 2026-08-22,
+    torchrl/data/datasets/minari_data.py). Within this block ``memmap_like`` writes the
+    contents (``memmap_``), so TorchRL trains on the dataset. Load times are unaffected."""
+    from tensordict import TensorDict
+
+    original = TensorDict.memmap_like
+
+    def filled(self: Any, prefix: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return self.memmap_(prefix)
+
+    TensorDict.memmap_like = filled
+    try:
+        yield
+    finally:
+        TensorDict.memmap_like = original
+
+
 def load_torchrl(dataset_id: str, root: str) -> Any:
     from torchrl.data.datasets.minari_data import MinariExperienceReplay
 
     shutil.rmtree(root, ignore_errors=True)
-    return MinariExperienceReplay(
-        dataset_id, batch_size=BATCH, root=root, load_from_local_minari=True
-    )
+    with torchrl_minari_fix():
+        return MinariExperienceReplay(
+            dataset_id, batch_size=BATCH, root=root, load_from_local_minari=True
+        )
 
 
 def torchrl_sampling(trb: Any) -> Any:

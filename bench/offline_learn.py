@@ -99,7 +99,7 @@ def rlstash_side(args: argparse.Namespace) -> tuple[Any, Any, str]:
 
 def torchrl_side(args: argparse.Namespace) -> tuple[Any, Any, str]:
     import torch
-    from offline import tensor_bytes, torchrl_sampling, torchrl_update
+    from offline import tensor_bytes, torchrl_minari_fix, torchrl_sampling, torchrl_update
     from tensordict import TensorDict
     from torchrl.data.datasets.minari_data import MinariExperienceReplay
     from torchrl.envs.utils import ExplorationType, set_exploration_type
@@ -107,14 +107,17 @@ def torchrl_side(args: argparse.Namespace) -> tuple[Any, Any, str]:
     torch.manual_seed(args.seed)
     # one preprocessed copy per dataset, kept: the first run's setup_s is TorchRL's load time
     # (reading the Minari hdf5 into its memory-mapped storage); later runs map it again
-    root = WORK / "torchrl"
+    root = WORK / "torchrl-filled"
     root.mkdir(parents=True, exist_ok=True)
     # (load_from_local_minari=True always preprocesses again, rewriting the memory-mapped files
     # another run may be reading: a copy already made is opened without it)
     made = (root / args.dataset / "meta.json").exists()
-    trb = MinariExperienceReplay(
-        args.dataset, batch_size=BATCH, root=str(root), load_from_local_minari=not made
-    )
+    with torchrl_minari_fix():  # TorchRL 0.14.1 would hold zeros (offline.torchrl_minari_fix)
+        trb = MinariExperienceReplay(
+            args.dataset, batch_size=BATCH, root=str(root), load_from_local_minari=not made
+        )
+    if not trb.storage._storage["action"].abs().sum() > 0:
+        raise RuntimeError(f"TorchRL's copy of {args.dataset} under {root} holds zero actions")
     held = tensor_bytes(trb.storage._storage)
     trb = torchrl_sampling(trb)
     td = trb.sample()
