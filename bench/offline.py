@@ -24,8 +24,10 @@ Measured, in one process run under ``.venv-bench`` (TorchRL 0.14.1), interleaved
    (``IQLLoss``/``TD3BCLoss`` with the update loops of ``sota-implementations/iql/
    iql_offline.py`` and ``td3_bc/td3_bc.py``). common.interleaved, CPU-seconds clock.
 
-Not measured here (see the results' notes): learning runs (normalised return after 100k-300k
-gradient steps, 3 seeds) and a "medium" dataset from a trained SAC.
+``--dataset ID`` measures an existing local dataset instead (bench/make_offline_data.py's
+Hopper-v5 random and SAC datasets), ``--parts load`` the loading only. TorchRL's loader is
+wrapped in ``torchrl_minari_fix`` (TorchRL 0.14.1 otherwise hands out an all-zero copy).
+Learning runs (normalised return at equal gradient steps): bench/offline_learn.py.
 """
 
 from __future__ import annotations
