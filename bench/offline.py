@@ -24,13 +24,16 @@ Measured, in one process run under ``.venv-bench`` (TorchRL 0.14.1), interleaved
    (``IQLLoss``/``TD3BCLoss`` with the update loops of ``sota-implementations/iql/
    iql_offline.py`` and ``td3_bc/td3_bc.py``). common.interleaved, CPU-seconds clock.
 
-Not measured here (see the results' notes): learning runs (normalised return after 100k-300k
-gradient steps, 3 seeds) and a "medium" dataset from a trained SAC.
+``--dataset ID`` measures an existing local dataset instead (bench/make_offline_data.py's
+Hopper-v5 random and SAC datasets), ``--parts load`` the loading only. TorchRL's loader is
+wrapped in ``torchrl_minari_fix`` (TorchRL 0.14.1 otherwise hands out an all-zero copy).
+Learning runs (normalised return at equal gradient steps): bench/offline_learn.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -121,13 +124,36 @@ def load_plain(dataset_id: str) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def torchrl_minari_fix() -> Any:
+    """TorchRL 0.14.1's ``MinariExperienceReplay`` ends its preprocessing with
+    ``td_data = td_data.memmap_like(root)``: a contentless (zero-filled) memory-mapped copy of
+    the episodes it has just read, so its storage and the files under ``root`` hold only zeros
+    (seen 2026-11-27: every action and observation 0; also in pytorch/rl main of 2026-08-22,
+    torchrl/data/datasets/minari_data.py). Within this block ``memmap_like`` writes the
+    contents (``memmap_``), so TorchRL trains on the dataset. Load times are unaffected."""
+    from tensordict import TensorDict
+
+    original = TensorDict.memmap_like
+
+    def filled(self: Any, prefix: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return self.memmap_(prefix)
+
+    TensorDict.memmap_like = filled
+    try:
+        yield
+    finally:
+        TensorDict.memmap_like = original
+
+
 def load_torchrl(dataset_id: str, root: str) -> Any:
     from torchrl.data.datasets.minari_data import MinariExperienceReplay
 
     shutil.rmtree(root, ignore_errors=True)
-    return MinariExperienceReplay(
-        dataset_id, batch_size=BATCH, root=root, load_from_local_minari=True
-    )
+    with torchrl_minari_fix():
+        return MinariExperienceReplay(
+            dataset_id, batch_size=BATCH, root=root, load_from_local_minari=True
+        )
 
 
 def torchrl_sampling(trb: Any) -> Any:
@@ -210,9 +236,10 @@ def rlstash_update(algo: str, rb: Any, obs_dim: int, act_dim: int, compile_: boo
     return run, agent
 
 
-def torchrl_update(algo: str, trb: Any, obs_dim: int, act_dim: int) -> Any:
+def torchrl_update(algo: str, trb: Any, obs_dim: int, act_dim: int, adam_eps: float = 1e-8) -> Any:
     """The update loop of TorchRL's sota-implementations (iql_offline.py, td3_bc.py) with
-    their modules (iql/utils.py, td3_bc/utils.py) on ``trb``'s batches."""
+    their modules (iql/utils.py, td3_bc/utils.py) on ``trb``'s batches: (run, step, actor).
+    ``adam_eps``: td3_bc/config.yaml's is 1e-4 (bench/offline_learn.py), IQL's the default."""
     import torch
     from tensordict.nn import NormalParamExtractor, TensorDictModule
     from torchrl.data import Bounded
@@ -246,7 +273,7 @@ def torchrl_update(algo: str, trb: Any, obs_dim: int, act_dim: int) -> Any:
         loss.make_value_estimator(gamma=0.99)
         updater = SoftUpdate(loss, tau=0.005)
         opts = [
-            torch.optim.Adam(list(p.flatten_keys().values()), lr=3e-4)
+            torch.optim.Adam(list(p.flatten_keys().values()), lr=3e-4, eps=adam_eps)
             for p in (loss.qvalue_network_params, loss.actor_network_params,
                       loss.value_network_params)
         ]  # fmt: skip
@@ -281,8 +308,12 @@ def torchrl_update(algo: str, trb: Any, obs_dim: int, act_dim: int) -> Any:
                          noise_clip=0.5, alpha=2.5)  # fmt: skip
         loss.make_value_estimator(gamma=0.99)
         updater = SoftUpdate(loss, tau=0.005)
-        actor_opt = torch.optim.Adam(list(loss.actor_network_params.values(True, True)), lr=3e-4)
-        critic_opt = torch.optim.Adam(list(loss.qvalue_network_params.values(True, True)), lr=3e-4)
+        actor_opt = torch.optim.Adam(
+            list(loss.actor_network_params.values(True, True)), lr=3e-4, eps=adam_eps
+        )
+        critic_opt = torch.optim.Adam(
+            list(loss.qvalue_network_params.values(True, True)), lr=3e-4, eps=adam_eps
+        )
         count = [0]
 
         def step() -> None:
@@ -303,7 +334,7 @@ def torchrl_update(algo: str, trb: Any, obs_dim: int, act_dim: int) -> Any:
         for _ in range(n):
             step()
 
-    return run, step
+    return run, step, actor
 
 
 def measure_updates(dataset_id: str, reps: int, compiled: bool) -> dict[str, Any]:
@@ -340,9 +371,9 @@ def measure_updates(dataset_id: str, reps: int, compiled: bool) -> dict[str, Any
 
 # ------------------------------------------------------------------ report
 def report(info: dict, args: Any, load: dict, updates: dict) -> str:
-    from common import fmt_bytes, header_lines, markdown_table
+    from common import header_lines
 
-    med = {k: statistics.median(v) for k, v in load["seconds"].items() if v}
+    med = {k: statistics.median(v) for k, v in load["seconds"].items() if v} if load else {}
     lines = [
         "# Offline RL: Minari datasets, IQL and TD3+BC, rlstash vs TorchRL",
         "",
@@ -351,12 +382,22 @@ def report(info: dict, args: Any, load: dict, updates: dict) -> str:
         "Measured on a LOADED shared machine (2 cores, ~7 other helpers running tests): "
         "absolute numbers are noise, the ratios measured in the same run are the result.",
         "",
-        f"Dataset: `{args.dataset}`, {args.steps:,} steps of {args.env} with uniformly random "
-        f"actions (Minari, hdf5).",
-        "",
-        "## Load time and bytes held",
+        f"Dataset: `{args.dataset}`, {args.steps:,} steps of {args.env}"
+        + (f" ({args.episodes:,} episodes)" if getattr(args, "episodes", None) else "")
+        + " (Minari, hdf5).",
         "",
     ]
+    if load is not None:
+        lines += load_table(load, med)
+    if updates is not None:
+        lines += update_table(updates)
+    return "\n".join(lines) + "\n"
+
+
+def load_table(load: dict, med: dict) -> list[str]:
+    from common import fmt_bytes, markdown_table
+
+    lines = ["## Load time and bytes held", ""]
     rows = []
     for name, label in (("rlstash", "rlstash `ReplayBuffer.from_minari`"),
                         ("plain", "`minari.load_dataset` + plain loop (numpy, obs + next_obs)"),
@@ -371,7 +412,13 @@ def report(info: dict, args: Any, load: dict, updates: dict) -> str:
     lines.append(markdown_table(["loader", "load (median)", "bytes held", "vs TorchRL"], rows))
     if "torchrl_error" in load["bytes"]:
         lines += ["", f"TorchRL failed: `{load['bytes']['torchrl_error']}`"]
-    lines += ["", "## Gradient steps per second (batch 256, 256 x 256, one thread)", ""]
+    return lines
+
+
+def update_table(updates: dict) -> list[str]:
+    from common import markdown_table
+
+    lines = ["", "## Gradient steps per second (batch 256, 256 x 256, one thread)", ""]
     rows = []
     for algo, res in updates.items():
         base = res["torchrl eager"]["median"]
@@ -382,13 +429,20 @@ def report(info: dict, args: Any, load: dict, updates: dict) -> str:
         if res.get("compile_s"):
             rows.append([algo, "(rlstash compile + 4 updates)", f"{res['compile_s']:.0f} s", ""])
     lines.append(markdown_table(["algo", "side", "updates/s (median)", "vs TorchRL"], rows))
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="HalfCheetah-v5")
     parser.add_argument("--steps", type=int, default=1_000_000, help="dataset env steps")
+    parser.add_argument(
+        "--dataset",
+        default="",
+        help="an existing local Minari dataset "
+        "(bench/make_offline_data.py; its env and steps) instead of a new one",
+    )
+    parser.add_argument("--parts", default="load,updates", help="load, updates or both")
     parser.add_argument("--reps", type=int, default=3, help="loads per loader")
     parser.add_argument("--update-reps", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true", help="skip rlstash compiled")
@@ -399,26 +453,45 @@ def main() -> int:
     ensure_bench_venv(__file__)
     from common import machine_info
 
-    home = tempfile.mkdtemp(prefix="minari-bench-")
-    os.environ["MINARI_DATASETS_PATH"] = home
-    args.dataset = f"bench/{args.env.split('-')[0].lower()}/random-v0"
+    home = None
+    if args.dataset:
+        from make_offline_data import MINARI_HOME
+
+        os.environ.setdefault("MINARI_DATASETS_PATH", str(MINARI_HOME))
+        import minari
+
+        ds = minari.load_dataset(args.dataset)
+        args.env, args.steps = ds.env_spec.id, ds.total_steps
+        args.episodes = ds.total_episodes
+        del ds
+    else:
+        home = tempfile.mkdtemp(prefix="minari-bench-")
+        os.environ["MINARI_DATASETS_PATH"] = home
+        args.dataset = f"bench/{args.env.split('-')[0].lower()}/random-v0"
+    parts = set(args.parts.split(","))
     try:
         info = machine_info()
-        start = time.perf_counter()
-        make_dataset(args.dataset, args.env, args.steps, seed=0)
-        print(f"[offline] dataset made in {time.perf_counter() - start:.0f} s", flush=True)
-        load = measure_loading(args.dataset, args.reps)
+        if home:
+            start = time.perf_counter()
+            make_dataset(args.dataset, args.env, args.steps, seed=0)
+            print(f"[offline] dataset made in {time.perf_counter() - start:.0f} s", flush=True)
+        load = measure_loading(args.dataset, args.reps) if "load" in parts else None
         print(f"[offline] load: {json.dumps(load)}", flush=True)
-        updates = measure_updates(args.dataset, args.update_reps, not args.no_compile)
+        updates = (
+            measure_updates(args.dataset, args.update_reps, not args.no_compile)
+            if "updates" in parts
+            else None
+        )
         info["load_average_1m_end"] = round(os.getloadavg()[0], 2)
         text = report(info, args, load, updates)
         Path(args.out).write_text(text)
         Path(args.out).with_suffix(".json").write_text(
-            json.dumps({"load": load, "updates": updates}, indent=1)
+            json.dumps({"args": vars(args), "load": load, "updates": updates}, indent=1)
         )
         print(text)
     finally:
-        shutil.rmtree(home, ignore_errors=True)
+        if home:
+            shutil.rmtree(home, ignore_errors=True)
     return 0
 
 
