@@ -122,4 +122,5 @@ def test_resuming_an_offline_run_continues_its_updates_and_reads_the_dataset_onc
         assert [int(r["step"]) for r in csv.DictReader(f)] == [60, 120]
     with open(run / "progress.csv") as f:
         steps = [int(r["step"]) for r in csv.DictReader(f)]
-    assert steps == sorted(steps) and steps[-1] == 120 and len(set(steps)) == len(steps)
+    # rows are written at most once a second, so the last one may come before step 120
+    assert steps == sorted(steps) and steps[-1] > 60 and len(set(steps)) == len(steps)
