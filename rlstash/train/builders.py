@@ -64,6 +64,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
     learning = LEARNING[algos.ALGOS[cfg.algo].store]
     torch.set_num_threads(cfg.torch_threads)
     learning.check(cfg)
+    check_env_batch(cfg, learning)
     if cfg.ray:
         ray_run.check(cfg)
     cfg = learning.with_dataset(cfg)  # --dataset: the env it names (refused where unused)
@@ -134,9 +135,30 @@ class ReplayLearning(Learning):
     def make_env(
         self, cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, device: torch.device, seed: int
     ) -> Any:
+        if cfg.env_batch:  # asynchronous batches: the pool seeds its envs (env i: seed + i)
+            return make_vec_env(
+                cfg.env, cfg.envs, cfg.workers, seed, cfg.history, device,
+                backend=cfg.env_backend, batch_size=cfg.env_batch,
+            )  # fmt: skip
         return make_vec_env(
             cfg.env, cfg.envs, cfg.workers, None, cfg.history, device, backend=cfg.env_backend
         )
+
+    def make_collector(
+        self, cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, env: Any, agent: Any,
+        limiter: Any, frames: int, seed: int,
+    ) -> tuple[Any, Callable[[Run], None] | None]:  # fmt: skip
+        if not cfg.env_batch:
+            return super().make_collector(cfg, agent_cfg, info, env, agent, limiter, frames, seed)
+        from rlstash.collect.async_batches import AsyncBatchCollector
+
+        device = agent.act_device
+
+        @torch.no_grad()
+        def policy(obs: Any, env_ids: Any) -> Any:  # the ready envs' observations
+            return agent.act(torch.from_numpy(obs).to(device)).to("cpu").numpy()
+
+        return AsyncBatchCollector(env, policy, frames_per_batch=frames), None
 
     def make_store(
         self, cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, run_dir: Path,
@@ -208,6 +230,26 @@ LEARNING: dict[str, Learning] = {
     "multiagent": marl.MULTIAGENT,
 }
 """Store name (:attr:`rlstash.train.algos.Algo.store`) -> the :class:`Learning` of its runs."""
+
+
+def check_env_batch(cfg: TrainConfig, learning: Learning) -> None:
+    """``--env-batch`` only where asynchronous batches fit: a replay (each env's steps into
+    its lane) fed by a gymnasium pool or EnvPool in this process, next-step autoreset."""
+    if not cfg.env_batch:
+        return
+    blockers = [
+        (learning is not REPLAY, f"--algo {cfg.algo} learns from whole [T, N] rollouts"),
+        (bool(cfg.ray), "--ray actors step synchronous pools"),
+        (is_batched(cfg.env), f"{cfg.env} is a batched torch env stepped all at once"),
+        (bool(cfg.history), "--history windows are built by the synchronous collector"),
+        (bool(cfg.dataset), "--dataset seeds the replay through the synchronous collector"),
+        (cfg.workers == "auto", "--workers auto times synchronous layouts"),
+    ]
+    blocker = next((why for hit, why in blockers if hit), None)
+    if blocker:
+        raise ValueError(
+            f"env_batch: asynchronous batches cannot run here: {blocker}; drop --env-batch"
+        )
 
 
 def make_limiter(cfg: TrainConfig) -> RateLimiter:
