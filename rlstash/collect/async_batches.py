@@ -202,8 +202,10 @@ class AsyncBatchCollector:
         batch = {}
         for k in FIELDS:
             a = self._q[k]
-            part = a[first:end].copy() if end <= self._cap else np.concatenate(
-                (a[first:], a[: end - self._cap])
+            part = (
+                a[first:end].copy()
+                if end <= self._cap
+                else np.concatenate((a[first:], a[: end - self._cap]))
             )
             batch[k] = torch.from_numpy(part)
         if not batch["restarted"].any():  # only then: the stream ends those episodes (I7)

@@ -10,8 +10,9 @@
   order the workers answered (a worker's envs in env order); ``infos["env_id"]`` ([B] int64)
   names them. Envs left over from a worker's answer wait for the next ``recv``.
 * ``send(actions, env_ids)`` takes an action for envs ``recv`` returned (each once). A worker
-  steps its envs together, so its step starts once every env it holds has its action: a
-  ``batch_size`` that is a multiple of the envs per worker (the default layout's) never waits.
+  steps its block of envs together, once every env of the block has its action: the blocks
+  are equal and ``batch_size`` is a multiple of them (:func:`check_layout`), so a ``recv``
+  returns whole blocks and a block never waits for an env a later ``recv`` would return.
 * Autoreset is next-step, per env, as in the synchronous pool and EnvPool. A worker that dies,
   raises or misses ``step_timeout`` is restarted as in the synchronous pool: its envs come back
   in that ``recv`` with the fresh reset observation, ``truncated`` and
@@ -56,14 +57,24 @@ def check_batch_size(batch_size: Any, num_envs: int) -> int | None:
 
 
 def default_workers(num_envs: int, batch_size: int, cores: int) -> int:
-    """Workers for asynchronous batches when no layout is given: one per core, and at least
-    one per batch (``ceil(N / B)``, so a batch is about one worker's envs), at most N."""
-    return min(num_envs, max(cores, math.ceil(num_envs / batch_size)))
+    """Workers for asynchronous batches when no layout is given: the fewest W >= the cores
+    and >= ``ceil(N / B)`` (a batch about one worker's envs) that split the N envs into equal
+    blocks of which B is a whole number (W = N, blocks of one env, always does)."""
+    low = max(min(cores, num_envs), math.ceil(num_envs / batch_size))
+    return next(
+        w
+        for w in range(low, num_envs + 1)
+        if num_envs % w == 0 and batch_size % (num_envs // w) == 0
+    )
 
 
-def check_layout(workers: int | str, caller: int, mode: str, has_worker_fn: bool) -> None:
-    """Refuse what asynchronous batches cannot run (each env must step in a worker process
-    and reset at its next step)."""
+def check_layout(
+    workers: int | str, caller: int, mode: str, has_worker_fn: bool, num_envs: int, batch: int
+) -> None:
+    """Refuse what asynchronous batches cannot run: each env steps in a worker process and
+    resets at its next step; a worker steps its block of envs together, so the blocks are
+    equal and a batch is whole blocks (else an env could wait for a sibling that a later
+    ``recv`` would have to return)."""
     if has_worker_fn:
         raise ValueError(
             "batch_size: asynchronous batches need rlstash's workers, got a custom worker=; "
@@ -78,6 +89,13 @@ def check_layout(workers: int | str, caller: int, mode: str, has_worker_fn: bool
         raise ValueError(
             f"caller_envs: asynchronous batches step every env in a worker process, got "
             f"caller_envs={caller}; pass caller_envs=0 or leave it None"
+        )
+    if num_envs % int(workers) or batch % (num_envs // int(workers)):
+        fits = default_workers(num_envs, batch, int(workers))
+        raise ValueError(
+            f"batch_size: expected whole worker blocks: {num_envs} envs over {workers} workers "
+            f"do not split into equal blocks that {batch} is a multiple of; pass "
+            f"num_workers={fits} (blocks of {num_envs // fits}), or leave num_workers None"
         )
     if mode != "next_step":
         raise ValueError(
@@ -146,7 +164,7 @@ class AsyncBatches:
 
         if arr.dtype != view.dtype and not batching.castable(arr.dtype, view.dtype):
             raise TypeError(f"actions: expected dtype {view.dtype}, got {arr.dtype}")
-        check_leaf(self.arrays.act_space, arr, "actions")
+        check_leaf(self.arrays.act_spaces[0], arr, "actions")
         view[ids] = arr
         self.waiting[ids] = False
         self.acted[ids] = True
@@ -209,33 +227,22 @@ class AsyncBatches:
         return self._result(ids)
 
     def _wait_any(self, caller_deadline: float | None, timeout: float | None) -> None:
-        """Read every reply that is there (waiting for the first); restart failed workers."""
+        """Read every reply that is there (waiting for the first, at most until the earliest
+        deadline); restart failed workers and those past their step deadline."""
         slots = [self.slots[i] for i in self.flight]
-        late = [s for s in slots if s.send_failed]
-        ends = [d for d in self.flight.values() if d is not None]
-        deadline = min([*ends, *([caller_deadline] if caller_deadline is not None else [])], default=None)
+        ends = [d for d in (*self.flight.values(), caller_deadline) if d is not None]
+        deadline = min(ends, default=None)
+        late = [s for s in slots if s.send_failed]  # their worker is gone
         if not late:
-            poller = select.poll()
-            by_fd = {}
+            poller, by_fd = select.poll(), {}
             for slot in slots:
                 fd = slot.proc.reply_fd  # type: ignore[union-attr]
                 poller.register(fd, select.POLLIN)
                 by_fd[fd] = slot
-            wait = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000) + 1)
-            late = [by_fd[fd] for fd, _ in poller.poll(wait)]
-        if not late:
-            now = time.monotonic()
-            expired = [s for s in slots if (self.flight[s.index] or math.inf) <= now]
-            for slot in expired:
-                limit = self.backend.timeouts.describe("step")
-                self._failed(slot, _Failure("timeout", f"no answer within {limit}"))
-            if not expired and caller_deadline is not None and now >= caller_deadline:
-                envs = [e for s in slots for e in s.envs]
-                raise WaitTimeoutError(
-                    f"The call to `recv` has timed out after {timeout} second(s) (envs {envs} "
-                    "did not answer; their workers keep running)."
-                )
-            return
+            left = (
+                None if deadline is None else max(0, int((deadline - time.monotonic()) * 1e3) + 1)
+            )
+            late = [by_fd[fd] for fd, _ in poller.poll(left)]
         for slot in late:
             try:
                 payload = self.backend._recv(slot, self.flight[slot.index])
@@ -243,6 +250,19 @@ class AsyncBatches:
                 self._failed(slot, f)
                 continue
             self._answered(slot, self.backend._absorb(slot, payload))
+        now = time.monotonic()  # checked every time: fast workers must not hide a hung one
+        expired = [
+            self.slots[i] for i, d in list(self.flight.items()) if d is not None and d <= now
+        ]
+        for slot in expired:
+            limit = self.backend.timeouts.describe("step")
+            self._failed(slot, _Failure("timeout", f"no answer within {limit}"))
+        if not late and not expired and caller_deadline is not None and now >= caller_deadline:
+            envs = [e for s in slots for e in s.envs]
+            raise WaitTimeoutError(
+                f"The call to `recv` has timed out after {timeout} second(s) (envs {envs} "
+                "did not answer; their workers keep running)."
+            )
 
     def _answered(self, slot: _Slot, part: Any) -> None:
         del self.flight[slot.index]

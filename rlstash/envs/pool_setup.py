@@ -104,7 +104,7 @@ def check(
             num_workers, caller_envs, n, max_concurrency, worker, timeouts.step, worker_env
         )
     if batch is not None:
-        pool_async.check_layout(workers, caller, mode, worker is not None)
+        pool_async.check_layout(workers, caller, mode, worker is not None, n, batch)
     obs_mode = config.observation_mode(observation_mode)
     seed = config.seed(seed)
     return PoolSetup(
