@@ -68,6 +68,11 @@ def default_workers(num_envs: int, batch_size: int, cores: int) -> int:
     )
 
 
+def fits_blocks(num_envs: int, workers: int, batch: int) -> bool:
+    """Whether ``workers`` split ``num_envs`` into equal blocks that ``batch`` is a multiple of."""
+    return num_envs % workers == 0 and batch % (num_envs // workers) == 0
+
+
 def check_layout(
     workers: int | str, caller: int, mode: str, has_worker_fn: bool, num_envs: int, batch: int
 ) -> None:
@@ -90,7 +95,7 @@ def check_layout(
             f"caller_envs: asynchronous batches step every env in a worker process, got "
             f"caller_envs={caller}; pass caller_envs=0 or leave it None"
         )
-    if num_envs % int(workers) or batch % (num_envs // int(workers)):
+    if not fits_blocks(num_envs, int(workers), batch):
         fits = default_workers(num_envs, batch, int(workers))
         raise ValueError(
             f"batch_size: expected whole worker blocks: {num_envs} envs over {workers} workers "

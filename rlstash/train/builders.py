@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from rlstash.envs import make as envs_make
+from rlstash.envs import pool_async
 from rlstash.envs.make import EnvInfo, is_batched, make_eval_env, make_vec_env, probe_env
 from rlstash.ratelimit import RateLimiter
 from rlstash.replay import ReplayBuffer
@@ -136,6 +137,7 @@ class ReplayLearning(Learning):
         self, cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, device: torch.device, seed: int
     ) -> Any:
         if cfg.env_batch:  # asynchronous batches: the pool seeds its envs (env i: seed + i)
+            check_env_blocks(cfg)
             return make_vec_env(
                 cfg.env, cfg.envs, cfg.workers, seed, cfg.history, device,
                 backend=cfg.env_backend, batch_size=cfg.env_batch,
@@ -249,6 +251,21 @@ def check_env_batch(cfg: TrainConfig, learning: Learning) -> None:
     if blocker:
         raise ValueError(
             f"env_batch: asynchronous batches cannot run here: {blocker}; drop --env-batch"
+        )
+
+
+def check_env_blocks(cfg: TrainConfig) -> None:
+    """``--env-batch`` over rlstash's pool: ``--workers`` must split ``--envs`` into equal
+    blocks of which the batch is a multiple (a worker steps its envs together)."""
+    workers = cfg.workers
+    if cfg.env_backend == "envpool" or not isinstance(workers, int) or workers <= 0:
+        return
+    if not pool_async.fits_blocks(cfg.envs, workers, cfg.env_batch):
+        fits = pool_async.default_workers(cfg.envs, cfg.env_batch, workers)
+        raise ValueError(
+            f"env_batch: expected a multiple of the envs per worker, got {cfg.env_batch} with "
+            f"--envs {cfg.envs} over --workers {workers} (a worker steps its envs together); "
+            f"give --workers {fits} or 0 (the default layout for the batches)"
         )
 
 
