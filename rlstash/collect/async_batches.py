@@ -1,7 +1,8 @@
 """Asynchronous batches: step whichever envs are ready, each env's steps into its own lane.
 
 An env pool in asynchronous mode (EnvPool with ``batch_size < num_envs``:
-:class:`~rlstash.envs.envpool_env.EnvPoolVectorEnv`) answers ``recv()`` with the results of
+:class:`~rlstash.envs.envpool_env.EnvPoolVectorEnv`; rlstash's own workers:
+``ProcessPoolVectorEnv(..., batch_size=B)``, :mod:`rlstash.envs.pool_async`) answers ``recv()`` with the results of
 the first ``batch_size`` envs that finished their step, whichever they are, and takes the
 next actions for exactly those envs with ``send(actions, env_ids)``; slow envs no longer hold
 the fast ones back. :class:`AsyncBatchCollector` runs that loop::
@@ -12,13 +13,19 @@ the fast ones back. :class:`AsyncBatchCollector` runs that loop::
 
 The policy sees a batch of the ready envs with their ids. Each env's step (the observation
 its action was taken from, the action, then the reward and flags its result brings) is queued
-for that env; as soon as every env has a step queued, one step per env goes to the storage
-in one ``extend``: row ``e`` is env ``e``'s oldest queued step. A stream storage's lanes are
+for that env; rows of one step per env go to the storage, ``[T, N]`` batches of ``extend``
+(column ``e``: env ``e``'s oldest queued steps; ``collect_into`` writes every 8 complete rows,
+``collect`` returns ``frames_per_batch / N`` of them, as :class:`~rlstash.collect.sync.Collector`
+batches are laid out, for the training loop). A stream storage's lanes are
 independent rings, so env ``e``'s lane receives exactly the steps env ``e`` took, in its own
 order, however the envs interleaved: episode boundaries (next-step autoreset, recognised per
 lane), final observations and frame stacks are those of a synchronous run of the same env
-with the same actions (``tests/collect/test_async_batches.py`` checks this property). Steps
-still queued when collection stops stay queued for the next call.
+with the same actions (``tests/collect/test_async_batches.py`` checks this property;
+``tests/envs/test_pool_async.py`` on the process pool against its synchronous run). A step
+whose result says ``infos["worker_restarted"]`` (the pool restarted that env's worker) goes to
+the storage with ``restarted``: the stream ends the episode at the last real observation, as
+for the synchronous collector's batches. Steps still queued when collection stops stay queued
+for the next call.
 
 The env protocol (EnvPool's): ``num_envs``; ``async_reset()`` (every env resets, the results
 arrive through ``recv``); ``recv() -> (obs, reward, terminated, truncated, info)`` for B
