@@ -25,6 +25,12 @@ Peers:
   ``rlstash-envpool-async-stream``: ``EnvPoolVectorEnv(batch_size=N/2)`` under
   :class:`~rlstash.collect.async_batches.AsyncBatchCollector` into the same storage.
 
+* ``rlstash-pool-async``: ``ProcessPoolVectorEnv(id, N, batch_size=N/2)`` (its default async
+  layout: max(C, 2) workers, every env in a worker) stepped alone with ``recv``/``send``, to
+  set beside ``rlstash-w2`` (the same workers, synchronous); ``rlstash-pool-stream`` /
+  ``rlstash-pool-async-stream``: those two pools under :class:`rlstash.Collector` /
+  ``AsyncBatchCollector`` into the StreamStorage.
+
 * ``puffer-w2`` / ``puffer-w2-b16``: ``pufferlib.vector.Multiprocessing`` (pufferlib-core
   3.0.23) with one worker per core, synchronous (batch N) and asynchronous (batch N/2, its
   recommended layout), each env a ``GymnasiumPufferEnv``. PufferLib pins torch 2.9, so it
@@ -91,6 +97,9 @@ PEERS = (
     "rlstash-envpool-async-stream",
     "puffer-w2",
     "puffer-w2-b16",
+    "rlstash-pool-async",
+    "rlstash-pool-stream",
+    "rlstash-pool-async-stream",
 )
 PUFFER = ("puffer-w2", "puffer-w2-b16")  # pufferlib.vector.Multiprocessing layouts
 T = 8  # steps per Collector batch
@@ -236,7 +245,53 @@ def _envpool_stream(env_id: str, n: int, threads: int, batch: int | None = None)
     return run_async, env.close
 
 
-def cell(env_name: str, n: int, reps: int, target_s: float) -> dict:
+def _pool_async(env_id: str, n: int, batch: int):
+    import numpy as np
+
+    from rlstash.envs import ProcessPoolVectorEnv
+
+    pool = ProcessPoolVectorEnv(gym_source(env_id), n, seed=0, batch_size=batch)
+    sample = _sampler(pool.single_action_space, n)
+    pool.async_reset()
+
+    def run(k: int) -> None:
+        for _ in range(k * (n // batch)):
+            ids = pool.recv()[4]["env_id"]
+            pool.send(np.asarray(sample()[: len(ids)]), ids)
+
+    return run, pool.close, f"{pool.num_workers} workers, batch {batch}"
+
+
+def _pool_stream(env_id: str, n: int, batch: int | None, **layout):
+    import math
+
+    import torch
+
+    from rlstash.collect.async_batches import AsyncBatchCollector
+    from rlstash.collect.sync import Collector
+    from rlstash.envs import ProcessPoolVectorEnv
+
+    pool = ProcessPoolVectorEnv(gym_source(env_id), n, seed=0, batch_size=batch, **layout)
+    store = _stream(pool, n)
+    sample = _sampler(pool.single_action_space, n)
+    if batch is None:
+        collector = Collector(pool, lambda obs: torch.as_tensor(sample()), n * T, device="cpu")
+        collector.reset(seed=0)
+
+        def run(k: int) -> None:
+            for _ in range(math.ceil(k / T)):
+                collector.collect_into(store)
+
+        return run, pool.close
+    async_collector = AsyncBatchCollector(pool, lambda obs, ids: sample()[: len(ids)])
+
+    def run_async(k: int) -> None:
+        async_collector.collect_into(store, steps=k * n)
+
+    return run_async, pool.close
+
+
+def cell(env_name: str, n: int, reps: int, target_s: float, peers: tuple = PEERS) -> dict:
     """Build every peer of one cell, time them interleaved; rates in env steps/s."""
     import common
     import torch
@@ -247,7 +302,7 @@ def cell(env_name: str, n: int, reps: int, target_s: float) -> dict:
     torch.set_num_threads(1)  # the collectors' few tensor ops; no OpenMP threads spinning
     env_id, cores = ENVS[env_name], usable_cpus()
     runs, closers, notes, errors = {}, [], {}, {}
-    for peer in PEERS:
+    for peer in peers:
         try:
             if peer in PUFFER and importlib.util.find_spec("pufferlib") is None:
                 errors[peer] = "pufferlib not installed (run under .venv-puffer, see the docstring)"
@@ -273,6 +328,12 @@ def cell(env_name: str, n: int, reps: int, target_s: float) -> dict:
             elif peer in PUFFER:
                 batch = n if peer == "puffer-w2" else n // 2
                 run, close = _puffer(env_id, n, cores, batch)
+            elif peer == "rlstash-pool-async":
+                run, close, notes[peer] = _pool_async(env_id, n, n // 2)
+            elif peer == "rlstash-pool-stream":
+                run, close = _pool_stream(env_id, n, None, num_workers=cores, caller_envs=0)
+            elif peer == "rlstash-pool-async-stream":
+                run, close = _pool_stream(env_id, n, n // 2)
             elif peer == "rlstash-envpool-stream":
                 run, close = _envpool_stream(env_id, n, cores)
             else:
@@ -301,11 +362,18 @@ def cell(env_name: str, n: int, reps: int, target_s: float) -> dict:
 def render(cells: list[dict], info: dict, args: argparse.Namespace) -> str:
     import common
 
+    peers = tuple(p for p in PEERS if p in args.peers.split(","))
     lines = [
-        "# Collection backends: the default layout, EnvPool, EnvPool into a StreamStorage",
+        f"{'##' if args.section else '#'} "
+        + (
+            args.section
+            or "Collection backends: the default layout, EnvPool, EnvPool into a StreamStorage"
+        ),
         "",
         f"`{args.python} bench/collect_backends.py --envs {args.envs} --n {args.n} "
-        f"--reps {args.reps} --target-s {args.target_s}` "
+        f"--reps {args.reps} --target-s {args.target_s}"
+        + (f" --peers {args.peers}" if args.peers != ",".join(PEERS) else "")
+        + "` "
         "(issue 27). **The machine was loaded by other helpers' tests while this ran** "
         "(7 other sessions on 2 cores; `others' load` below): ratios within a cell are "
         "interleaved medians, absolute rates are not comparable to a quiet machine's.",
@@ -318,13 +386,13 @@ def render(cells: list[dict], info: dict, args: argparse.Namespace) -> str:
         "peers: the noise of the cell. `rlstash-w1c` and `rlstash-default` are the same layout "
         "on 2 cores (1 worker + 16 envs in the caller): their difference is noise too.",
         "",
-        "| env | N | " + " | ".join(PEERS) + " | others' load (cores) | spread |",
-        "| --- | ---: | " + " | ".join("---:" for _ in PEERS) + " | ---: | ---: |",
+        "| env | N | " + " | ".join(peers) + " | others' load (cores) | spread |",
+        "| --- | ---: | " + " | ".join("---:" for _ in peers) + " | ---: | ---: |",
     ]
     for c in cells:
         raw = c["rates"].get("raw")
         row = []
-        for p in PEERS:
+        for p in peers:
             r = c["rates"].get(p)
             if r is None:
                 row.append("–")
@@ -336,7 +404,7 @@ def render(cells: list[dict], info: dict, args: argparse.Namespace) -> str:
         spread = sorted(c["spread"].values())
         mid = f"{100 * spread[len(spread) // 2]:.0f}%" if spread else "?"
         lines.append(f"| {c['env']} | {c['n']} | " + " | ".join(row) + f" | {load_text} | {mid} |")
-    lines += ["", "## Goals (issue 27)", ""]
+    lines += ["", f"{'###' if args.section else '##'} Goals (issue 27)", ""]
     for c in cells:
         r = c["rates"]
         best = max(r.get("rlstash-w2", 0), r.get("rlstash-w1c", 0))
@@ -350,9 +418,14 @@ def render(cells: list[dict], info: dict, args: argparse.Namespace) -> str:
         for mine, peer in (
             ("rlstash-envpool-stream", "envpool"),
             ("rlstash-envpool-async-stream", "envpool-async"),
+            ("rlstash-pool-async", "rlstash-w2"),
+            ("rlstash-pool-async-stream", "rlstash-pool-stream"),
         ):
             if mine in r and peer in r:
                 ratio = r[mine] / r[peer]
+                if "envpool" not in mine:  # no goal: async against sync, same workers
+                    lines.append(f"- {c['env']} {c['n']} envs: {mine} {ratio:.2f}x {peer}")
+                    continue
                 verdict = "PASS" if ratio >= 0.9 else "FAIL"
                 lines.append(
                     f"- {verdict}: {c['env']} {c['n']} envs: {mine} {ratio:.2f}x {peer} alone "
@@ -373,10 +446,13 @@ def main() -> int:
     ap.add_argument("--out", default=str(HERE / "results" / "collect_backends.md"))
     ap.add_argument("--cell", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--rerender", default=None, help="a run's log: the table again from it")
+    ap.add_argument("--peers", default=",".join(PEERS), help="the peers to run (comma list)")
+    ap.add_argument("--section", default="", help="append as a section of --out with this title")
     args = ap.parse_args()
     args.python = f"{Path(sys.executable).parent.parent.name}/bin/python"
     if args.cell:
-        print(json.dumps(cell(args.cell, args.n, args.reps, args.target_s)))
+        peers = tuple(p for p in PEERS if p in args.peers.split(","))
+        print(json.dumps(cell(args.cell, args.n, args.reps, args.target_s, peers)))
         return 0
     import common
 
@@ -391,11 +467,16 @@ def main() -> int:
             elif line.startswith("- ") and ": " in line:
                 key, _, value = line[2:].partition(": ")
                 info[key] = value
-        Path(args.out).write_text(render(cells, info, args))
+        text = render(cells, info, args)
+        out = Path(args.out)
+        if args.section and out.exists():
+            text = out.read_text().rstrip("\n") + "\n\n" + text
+        out.write_text(text)
         return 0
     for env in args.envs.split(","):
         cmd = [sys.executable, __file__, "--cell", env, "--n", str(args.n),
-               "--reps", str(args.reps), "--target-s", str(args.target_s)]  # fmt: skip
+               "--reps", str(args.reps), "--target-s", str(args.target_s),
+               "--peers", args.peers]  # fmt: skip
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=os.environ)
         if out.returncode != 0:
             print(out.stderr[-3000:], file=sys.stderr)
@@ -403,7 +484,10 @@ def main() -> int:
         cells.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(json.dumps(cells[-1]), flush=True)
     text = render(cells, common.machine_info(), args)
-    Path(args.out).write_text(text)
+    out = Path(args.out)
+    if args.section and out.exists():  # a dated section below the earlier runs
+        text = out.read_text().rstrip("\n") + "\n\n" + text
+    out.write_text(text)
     print(text)
     return 0
 

@@ -31,9 +31,7 @@ same-step mode ``final_obs[t]`` holds the last observation of an episode ending 
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -50,24 +48,12 @@ from rlstash.collect.env_contract import (
     looks_like_rsl_rl,
     rsl_rl_refusal,
 )
+from rlstash.collect.episodes import EpisodeStats, EpisodeTracker
 from rlstash.core import Acts
 from rlstash.device import Delivery, is_cuda, resolve_device
 from rlstash.spec import Batch
 
 Policy = Callable[[torch.Tensor], torch.Tensor]
-
-
-@dataclass
-class EpisodeStats:
-    """Returns and lengths of finished episodes (most recent last)."""
-
-    returns: deque = field(default_factory=lambda: deque(maxlen=100))
-    lengths: deque = field(default_factory=lambda: deque(maxlen=100))
-    count: int = 0
-
-    def mean_return(self, last: int = 10) -> float:
-        r = list(self.returns)[-last:]
-        return float(np.mean(r)) if r else float("nan")
 
 
 class Collector:
@@ -103,7 +89,6 @@ class Collector:
         self.steps_per_batch = frames_per_batch // n
         self.total_frames = total_frames
         self.frames = 0
-        self._stats = EpisodeStats()
         on, wrappers = find_device(env)
         self.batched: BatchedPath | None = None
         self._watch: UndeclaredNextStep | None = None
@@ -125,9 +110,8 @@ class Collector:
                 self._watch = UndeclaredNextStep(np.zeros(n, bool))
         self._seed = seed
         self._obs: np.ndarray | None = None
-        self._ret = np.zeros(n, np.float64)
-        self._len = np.zeros(n, np.int64)
-        self._after_done = np.zeros(n, bool)
+        self._episodes = EpisodeTracker(n, self.same_step)
+        self._stats = self._episodes.stats
 
     def __iter__(self) -> Iterator[Batch]:
         while self.total_frames is None or self.frames < self.total_frames:
@@ -164,9 +148,7 @@ class Collector:
         check_host_obs(self._obs, self.num_envs)
         if self._watch is not None:
             self._watch.reset()
-        self._ret[:] = 0
-        self._len[:] = 0
-        self._after_done[:] = False
+        self._episodes.reset()
 
     @torch.no_grad()
     def act(self, obs: Any) -> Any:
@@ -213,6 +195,7 @@ class Collector:
             k: [] for k in ("obs", "action", "reward", "terminated", "truncated")
         }
         finals: list[np.ndarray] = []
+        rewards: list[np.ndarray] = []  # as the env gave them, for the episode returns
         restarted = np.zeros((T, N), bool)
         for t in range(T):
             obs = np.array(self._obs, copy=True)
@@ -220,17 +203,19 @@ class Collector:
             next_obs, reward, term, trunc, info = self._step(actions, t)
             rows["obs"].append(obs)
             rows["action"].append(np.asarray(actions))
-            rows["reward"].append(np.asarray(reward, np.float32))
+            rewards.append(np.asarray(reward, np.float64))
+            rows["reward"].append(rewards[-1].astype(np.float32))
             rows["terminated"].append(np.asarray(term, bool))
             rows["truncated"].append(np.asarray(trunc, bool))
             if self.same_step:
                 finals.append(_final_obs(next_obs, info, term | trunc))
             if "worker_restarted" in info:  # ProcessPoolVectorEnv: these envs' steps never happened
                 restarted[t] = np.asarray(info["worker_restarted"], bool)
-            self._track(reward, term, trunc)
             self._obs = next_obs
         self.frames += T * N
-        batch = {k: torch.from_numpy(np.stack(v)) for k, v in rows.items()}
+        stacked = {k: np.stack(v) for k, v in rows.items()}
+        self._episodes.rows(np.stack(rewards), stacked["terminated"], stacked["truncated"])
+        batch = {k: torch.from_numpy(v) for k, v in stacked.items()}
         if self.same_step:
             batch["final_obs"] = torch.from_numpy(np.stack(finals))
         if restarted.any():  # only then: the stream storage ends those episodes cleanly (I7)
@@ -249,19 +234,6 @@ class Collector:
             r, te, tr = (np.asarray(x)[None] for x in (reward, term, trunc))
             self._watch.rows(r, te, tr)
         return result
-
-    def _track(self, reward: np.ndarray, term: np.ndarray, trunc: np.ndarray) -> None:
-        live = ~self._after_done  # next-step mode: a reset step belongs to no episode
-        self._ret += np.where(live, reward, 0.0)
-        self._len += live
-        done = (np.asarray(term) | np.asarray(trunc)) & live
-        for i in np.flatnonzero(done):
-            self._stats.returns.append(float(self._ret[i]))
-            self._stats.lengths.append(int(self._len[i]))
-            self._stats.count += 1
-        self._ret[done] = 0
-        self._len[done] = 0
-        self._after_done = done if not self.same_step else np.zeros_like(done)
 
     @torch.no_grad()
     def rollout(

@@ -208,6 +208,9 @@ def describe_env(env_id: str, backend: str, why: str, env: Any = None) -> str:
         how = f", EnvPool {import_envpool().__version__} C++ envs"
     elif isinstance(env, ProcessPoolVectorEnv):  # its layout
         how = f", {env!r}"
+    batch = getattr(env, "batch_size", None)
+    if isinstance(batch, int) and batch < getattr(env, "num_envs", batch):
+        how += f", asynchronous batches of {batch} ready envs"
     return f"env: {env_id} from {backend} ({why}{how})"
 
 
@@ -221,13 +224,16 @@ def make_vec_env(
     same_step: bool = False,
     source: Any = None,
     backend: str = "gymnasium",
+    batch_size: int | None = None,
 ) -> Any:
     """A vectorized env: a batched torch env on ``device`` (a torch.device) for rlstash's
     batched ids, else rlstash's ProcessPoolVectorEnv (``workers=0`` steps in-process) of
     ``source`` (default: :func:`vec_source`). ``same_step``: same-step autoreset (every row a
     real step; final observations come with the batch). ``backend="envpool"``: an
     :class:`~rlstash.envs.envpool_env.EnvPoolVectorEnv` (training preprocessing for ALE ids;
-    ``workers`` > 0: its threads), see :func:`resolve_backend`."""
+    ``workers`` > 0: its threads), see :func:`resolve_backend`. ``batch_size``: asynchronous
+    batches of that many ready envs (``workers=0`` then: the pool's default layout for them).
+    """
     from rlstash.envs.process_pool import ProcessPoolVectorEnv
 
     if backend == "envpool":
@@ -236,16 +242,20 @@ def make_vec_env(
         threads = workers if isinstance(workers, int) and workers > 0 else None
         mode = "SameStep" if same_step else "NextStep"
         return EnvPoolVectorEnv(
-            env_id, num_envs, seed, train=True, num_threads=threads, autoreset_mode=mode
-        )
+            env_id, num_envs, seed, train=True, num_threads=threads, autoreset_mode=mode,
+            batch_size=batch_size,
+        )  # fmt: skip
     if is_batched(env_id):
         return make_batched_env(env_id, num_envs, workers, device, history, same_step)
     if source is None:
         source = vec_source(env_id, history)
     mode = "SameStep" if same_step else "NextStep"
+    if batch_size is not None:
+        workers = None if workers == 0 else workers  # type: ignore[assignment]
     return ProcessPoolVectorEnv(
-        source, num_envs=num_envs, num_workers=workers, seed=seed, autoreset_mode=mode
-    )
+        source, num_envs=num_envs, num_workers=workers, seed=seed, autoreset_mode=mode,
+        batch_size=batch_size,
+    )  # fmt: skip
 
 
 def is_multiagent(env_id: Any) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from rlstash.envs import auto, config
+from rlstash.envs import auto, config, pool_async
 from rlstash.envs.backend import Backend
 from rlstash.envs.cpus import usable_cpus
 from rlstash.envs.gym_worker import GymWorkerBackend, check_worker
@@ -39,6 +39,7 @@ class PoolSetup:
     environ: dict[str, str]
     rng: np.random.Generator
     resolve: Callable[[list, list], tuple]
+    batch_size: int | None = None  # asynchronous batches (rlstash.envs.pool_async)
 
     @property
     def num_envs(self) -> int:
@@ -81,20 +82,29 @@ def check(
     max_concurrency: int | None,
     worker: Callable | None,
     caller_envs: int | None,
+    batch_size: int | None = None,
 ) -> PoolSetup:
     """Every argument checked (ValueError/TypeError naming it) and the layout resolved:
-    explicit ``num_workers``/``caller_envs`` as given, else :func:`auto.default_layout`."""
+    explicit ``num_workers``/``caller_envs`` as given, else :func:`auto.default_layout`
+    (with ``batch_size``: :func:`pool_async.default_workers` workers, no caller's share)."""
     fns = config.factories(env_fns, num_envs, env_kwargs)
     n = len(fns)
     mode = config.autoreset_mode(autoreset_mode)
+    batch = pool_async.check_batch_size(batch_size, n)
     timeouts = config.Timeouts(
         start=config.step_timeout(start_timeout, "start_timeout"),
         step=config.step_timeout(step_timeout),
     )
     shared = config.flag("shared_memory", shared_memory)
-    workers, caller = _layout(
-        num_workers, caller_envs, n, max_concurrency, worker, timeouts.step, worker_env
-    )
+    if batch is not None and num_workers is None and caller_envs is None:
+        workers = pool_async.default_workers(n, batch, usable_cpus())
+        workers, caller = config.cap_workers(workers, max_concurrency), 0
+    else:
+        workers, caller = _layout(
+            num_workers, caller_envs, n, max_concurrency, worker, timeouts.step, worker_env
+        )
+    if batch is not None:
+        pool_async.check_layout(workers, caller, mode, worker is not None, n, batch)
     obs_mode = config.observation_mode(observation_mode)
     seed = config.seed(seed)
     return PoolSetup(
@@ -113,6 +123,7 @@ def check(
         environ=child_environ(config.worker_env(worker_env)),
         rng=np.random.default_rng(seed),
         resolve=config.space_resolver(obs_mode, shared),
+        batch_size=batch,
     )
 
 

@@ -64,6 +64,10 @@ How it works and what else it does:
 * The shared segment is an anonymous ``memfd`` (named ``rlstash_<pid>_pool`` in
   ``/proc/<pid>/fd``): nothing appears in ``/dev/shm`` and nothing can leak there, however
   the processes end; no ``multiprocessing`` resource tracker, semaphore or queue is used.
+* ``batch_size=B < num_envs``: asynchronous batches with EnvPool's semantics
+  (:mod:`rlstash.envs.pool_async`): ``async_reset()``, ``recv()`` (the first B envs ready,
+  ``infos["env_id"]`` names them), ``send(actions, env_ids)``; slow envs no longer hold the
+  fast ones back (:class:`~rlstash.collect.async_batches.AsyncBatchCollector` runs the loop).
 * Infos are batched per worker block (:mod:`rlstash.envs.infos`), exactly as gymnasium's
   ``_add_info`` would, except when one info key mixes value types across envs (e.g. bool in
   one env, int in another): then each block casts to its own first type before merging.
@@ -81,7 +85,7 @@ from gymnasium import logger
 from gymnasium.vector import VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from rlstash.envs import batching, config, pool_setup
+from rlstash.envs import batching, config, pool_async, pool_setup
 from rlstash.envs.backend import Backend
 from rlstash.envs.errors import RestartEvent
 from rlstash.envs.infos import merge_infos
@@ -112,6 +116,7 @@ class ProcessPoolVectorEnv(VectorEnv):
         max_concurrency: int | None = None,
         worker: Callable | None = None,
         caller_envs: int | None = None,
+        batch_size: int | None = None,
     ) -> None:
         """Start the envs.
 
@@ -165,6 +170,11 @@ class ProcessPoolVectorEnv(VectorEnv):
                 Needs ``num_workers >= 1`` (None: the usable cores minus one). None: 0,
                 unless ``num_workers`` is None too (the default layout above); 0: every env
                 in a worker process.
+            batch_size: B: asynchronous batches (:meth:`async_reset`, :meth:`recv`,
+                :meth:`send`; :mod:`rlstash.envs.pool_async`): ``recv`` returns the first B
+                envs that are ready; with B < N, ``reset``/``step`` are refused. Every env
+                steps in a worker (no caller's share; default: ``max(C, ceil(N / B))``
+                workers, at most N). None: synchronous only.
         """
         setup = pool_setup.check(
             env_fns, num_envs, num_workers, seed,
@@ -172,7 +182,7 @@ class ProcessPoolVectorEnv(VectorEnv):
             autoreset_mode=autoreset_mode, env_kwargs=env_kwargs, worker_env=worker_env,
             context=context, copy=copy, observation_mode=observation_mode,
             shared_memory=shared_memory, daemon=daemon, max_concurrency=max_concurrency,
-            worker=worker, caller_envs=caller_envs,
+            worker=worker, caller_envs=caller_envs, batch_size=batch_size,
         )  # fmt: skip
         self.copy, self.shared_memory, self.daemon = setup.copy, setup.shared_memory, setup.daemon
         self._seed = setup.seed
@@ -211,6 +221,14 @@ class ProcessPoolVectorEnv(VectorEnv):
         self._reset_once = False
         self._state = _IDLE  # or the pending call: "reset", "step", "call"
         self._needs_reset = np.zeros(n, dtype=bool)  # disabled mode: ended, not reset yet
+        self.batch_size: int = setup.batch_size or n
+        self._async: pool_async.AsyncBatches | None = None
+        if setup.batch_size is not None:
+            try:
+                self._async = pool_async.AsyncBatches(backend, self._arrays, setup.batch_size)  # type: ignore[arg-type]
+            except BaseException:
+                self.close()
+                raise
 
     @property
     def start_method(self) -> str | None:
@@ -237,6 +255,7 @@ class ProcessPoolVectorEnv(VectorEnv):
     ) -> None:
         """Send the reset to the workers; :meth:`reset_wait` collects it."""
         self._check_open()
+        self._refuse_sync("reset")
         seeds = self._seeds(seed)
         self._expect_idle("reset_async")
         options = dict(options) if options is not None else None
@@ -269,6 +288,7 @@ class ProcessPoolVectorEnv(VectorEnv):
     def step_async(self, actions: Any) -> None:
         """Validate and write ``actions`` (batched, ``action_space``) and start the step."""
         self._check_open()
+        self._refuse_sync("step")
         self._expect_idle("step_async", end=".")
         if not self._reset_once:
             raise gym_error.ResetNeeded("ProcessPoolVectorEnv: call reset() before step()")
@@ -308,6 +328,55 @@ class ProcessPoolVectorEnv(VectorEnv):
         if self.copy:
             return obs, rewards.copy(), term.copy(), trunc.copy(), infos
         return obs, rewards, term, trunc, infos
+
+    # --- asynchronous batches (batch_size; rlstash.envs.pool_async) ----------------------
+    def async_reset(self, seed: int | Sequence[int | None] | None = None) -> None:
+        """Reset every env; their reset observations arrive through :meth:`recv` (steps in
+        flight are discarded). ``seed`` as for :meth:`reset`."""
+        batches = self._batches("async_reset")
+        seeds = self._seeds(seed)
+        if self._state not in (_IDLE, _ASYNC):
+            self._expect_idle("async_reset")
+        super().reset(seed=seed if isinstance(seed, int) else None)
+        batches.reset(seeds)
+        self._reset_once, self._state = True, _ASYNC
+
+    def recv(
+        self, timeout: float | None = None
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """The results of the next ``batch_size`` envs that are ready: ``(obs [B, ...],
+        rewards [B] f64, terminated [B], truncated [B], infos)`` with ``infos["env_id"]``
+        ([B] int64) naming them. ``timeout``: seconds to wait before
+        :class:`~rlstash.envs.errors.WaitTimeoutError`."""
+        batches = self._batches("recv")
+        if self._state != _ASYNC:
+            raise gym_error.NoAsyncCallError("Calling `recv` before `async_reset`.", "recv")
+        return batches.recv(timeout)
+
+    def send(self, actions: Any, env_ids: Any) -> None:
+        """Actions ``[k, ...]`` for the envs ``env_ids`` (ids :meth:`recv` returned, each
+        once); a worker steps once all its envs have their action."""
+        batches = self._batches("send")
+        if self._state != _ASYNC:
+            raise gym_error.NoAsyncCallError("Calling `send` before `async_reset`.", "send")
+        batches.send(actions, env_ids)
+
+    def _batches(self, what: str) -> pool_async.AsyncBatches:
+        self._check_open()
+        if self._async is None:
+            raise RuntimeError(
+                f"{what}: this pool steps synchronously; make it with "
+                "ProcessPoolVectorEnv(..., batch_size=B) for asynchronous batches"
+            )
+        return self._async
+
+    def _refuse_sync(self, what: str) -> None:
+        if self.batch_size != self.num_envs:
+            raise RuntimeError(
+                f"{what}: this pool has batch_size={self.batch_size} < num_envs="
+                f"{self.num_envs} (asynchronous); use async_reset/recv/send "
+                "(AsyncBatchCollector)"
+            )
 
     def call_async(self, name: str, *args: Any, **kwargs: Any) -> None:
         """Like ``AsyncVectorEnv.call_async``: send the call; :meth:`call_wait` collects it."""
@@ -377,7 +446,7 @@ class ProcessPoolVectorEnv(VectorEnv):
         fd at once, the mapping when no ``copy=False`` view of it is left. A pending call is
         abandoned (with gymnasium's warning); ``timeout``/``terminate`` change nothing: workers
         get ``CLOSE`` and are killed if they do not end within a few seconds."""
-        if self._state != _IDLE:
+        if self._state not in (_IDLE, _ASYNC):
             logger.warn(
                 f"Calling `close` while waiting for a pending call to `{self._state}` to complete."
             )
@@ -482,3 +551,4 @@ class ProcessPoolVectorEnv(VectorEnv):
 
 
 _IDLE = "default"  # gymnasium's AsyncState.DEFAULT value
+_ASYNC = "recv"  # asynchronous batches running: synchronous calls wait for a quiet pool

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from rlstash.envs import make as envs_make
+from rlstash.envs import pool_async
 from rlstash.envs.make import EnvInfo, is_batched, make_eval_env, make_vec_env, probe_env
 from rlstash.ratelimit import RateLimiter
 from rlstash.replay import ReplayBuffer
@@ -65,6 +66,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
     learning = LEARNING[algos.ALGOS[cfg.algo].store]
     torch.set_num_threads(cfg.torch_threads)
     learning.check(cfg)
+    check_env_batch(cfg, learning)
     if cfg.ray:
         ray_run.check(cfg)
     cfg = learning.with_dataset(cfg)  # --dataset: the env it names (refused where unused)
@@ -135,9 +137,31 @@ class ReplayLearning(Learning):
     def make_env(
         self, cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, device: torch.device, seed: int
     ) -> Any:
+        if cfg.env_batch:  # asynchronous batches: the pool seeds its envs (env i: seed + i)
+            check_env_blocks(cfg)
+            return make_vec_env(
+                cfg.env, cfg.envs, cfg.workers, seed, cfg.history, device,
+                backend=cfg.env_backend, batch_size=cfg.env_batch,
+            )  # fmt: skip
         return make_vec_env(
             cfg.env, cfg.envs, cfg.workers, None, cfg.history, device, backend=cfg.env_backend
         )
+
+    def make_collector(
+        self, cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, env: Any, agent: Any,
+        limiter: Any, frames: int, seed: int,
+    ) -> tuple[Any, Callable[[Run], None] | None]:  # fmt: skip
+        if not cfg.env_batch:
+            return super().make_collector(cfg, agent_cfg, info, env, agent, limiter, frames, seed)
+        from rlstash.collect.async_batches import AsyncBatchCollector
+
+        device = agent.act_device
+
+        @torch.no_grad()
+        def policy(obs: Any, env_ids: Any) -> Any:  # the ready envs' observations
+            return agent.act(torch.from_numpy(obs).to(device)).to("cpu").numpy()
+
+        return AsyncBatchCollector(env, policy, frames_per_batch=frames), None
 
     def make_store(
         self, cfg: TrainConfig, agent_cfg: Any, info: EnvInfo, run_dir: Path,
@@ -214,6 +238,41 @@ LEARNING: dict[str, Learning] = {
     "marl_replay": MARL_REPLAY,
 }
 """Store name (:attr:`rlstash.train.algos.Algo.store`) -> the :class:`Learning` of its runs."""
+
+
+def check_env_batch(cfg: TrainConfig, learning: Learning) -> None:
+    """``--env-batch`` only where asynchronous batches fit: a replay (each env's steps into
+    its lane) fed by a gymnasium pool or EnvPool in this process, next-step autoreset."""
+    if not cfg.env_batch:
+        return
+    blockers = [
+        (learning is not REPLAY, f"--algo {cfg.algo} learns from whole [T, N] rollouts"),
+        (bool(cfg.ray), "--ray actors step synchronous pools"),
+        (is_batched(cfg.env), f"{cfg.env} is a batched torch env stepped all at once"),
+        (bool(cfg.history), "--history windows are built by the synchronous collector"),
+        (bool(cfg.dataset), "--dataset seeds the replay through the synchronous collector"),
+        (cfg.workers == "auto", "--workers auto times synchronous layouts"),
+    ]
+    blocker = next((why for hit, why in blockers if hit), None)
+    if blocker:
+        raise ValueError(
+            f"env_batch: asynchronous batches cannot run here: {blocker}; drop --env-batch"
+        )
+
+
+def check_env_blocks(cfg: TrainConfig) -> None:
+    """``--env-batch`` over rlstash's pool: ``--workers`` must split ``--envs`` into equal
+    blocks of which the batch is a multiple (a worker steps its envs together)."""
+    workers = cfg.workers
+    if cfg.env_backend == "envpool" or not isinstance(workers, int) or workers <= 0:
+        return
+    if not pool_async.fits_blocks(cfg.envs, workers, cfg.env_batch):
+        fits = pool_async.default_workers(cfg.envs, cfg.env_batch, workers)
+        raise ValueError(
+            f"env_batch: expected a multiple of the envs per worker, got {cfg.env_batch} with "
+            f"--envs {cfg.envs} over --workers {workers} (a worker steps its envs together); "
+            f"give --workers {fits} or 0 (the default layout for the batches)"
+        )
 
 
 def make_limiter(cfg: TrainConfig) -> RateLimiter:

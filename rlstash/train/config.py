@@ -145,6 +145,13 @@ class TrainConfig:
         "gymnasium); the resolved config records which ran.",
         group="collection",
     )
+    env_batch: int = s(
+        0,
+        "B > 0: asynchronous batches: step whichever B of the --envs envs are ready and act "
+        "on those (replay algorithms; each env's steps go to its own lane). --workers 0 then "
+        "means the default layout (max(cores, envs / B) workers). 0: every env every step.",
+        group="collection",
+    )
     history: int = s(
         0,
         "K > 0: the agent sees windows of the last K observations through an LSTM (0 = off).",
@@ -249,6 +256,12 @@ class TrainConfig:
         if isinstance(self.workers, int):
             _at_least(self, "workers", 0)
         _one_of(self, "env_backend", ("auto", "gymnasium", "envpool"))
+        _at_least(self, "env_batch", 0)
+        if self.env_batch > self.envs:
+            raise SettingError(
+                "env_batch", f"0 (off) or 1..--envs ({self.envs})", self.env_batch,
+                "give at most --envs",
+            )  # fmt: skip
         if self.threshold is not None and not math.isfinite(self.threshold):
             raise SettingError(
                 "threshold", "a finite return", self.threshold, "give a number, or leave it unset"
