@@ -338,6 +338,19 @@ def plan_rollout(cfg: Any, device: torch.device) -> tuple[MemoryPlan, dict[str, 
     return MultiAgentRollout.plan(**sizes, device=device), sizes
 
 
+def settings_now(config: dict[str, Any]) -> dict[str, Any]:
+    """What a multi-agent checkpoint's settings say of its env (agents, observation sizes,
+    action spaces, groups), as the env of the recorded ``config`` (a TrainConfig's fields)
+    has them now: :func:`rlstash.train.rundir.read_checkpoint` refuses a checkpoint whose
+    networks do not fit the env any more."""
+    from rlstash.train.config import TrainConfig
+
+    cfg = TrainConfig(**config)
+    settings = MULTIAGENT.settings(cfg, MULTIAGENT.probe(cfg))
+    keys = ("agents", "agent_obs_dim", "agent_action_space", "groups")
+    return {k: settings[k] for k in keys if k in settings}
+
+
 def evaluate_saved(
     cfg: Any, state: dict[str, Any], ckpt: Path, episodes: int, seed: int, device: str,
     recorder: Any = None,
