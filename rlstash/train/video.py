@@ -203,15 +203,18 @@ def record_batched(env: Any, recorder: Recorder, name: str) -> Any:
             "vmas/<scenario>); drop --video"
         )
     headless_gl()
+    why = ""
     try:
         frame = env.render_frame()
     except Exception as exc:  # noqa: BLE001 - pyglet/EGL/GL fail in their own ways
         why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    if why:
+        _collect_quietly()  # the half-made renderer's destructor fails too: not a 2nd error
         raise ValueError(
             f"video: env {name} cannot render frames on this machine ({why}); without a "
             "display VMAS renders through EGL: install Mesa's EGL (apt-get install libegl1 "
             "libgl1-mesa-dri) or run under xvfb-run, or drop --video"
-        ) from None
+        )
     shape = np.shape(frame)
     if len(shape) != 3 or shape[2] != 3:
         raise ValueError(
@@ -220,6 +223,20 @@ def record_batched(env: Any, recorder: Recorder, name: str) -> Any:
         )
     env.recording = BatchedEpisodes(env, recorder, env.render_fps)
     return env
+
+
+def _collect_quietly() -> None:
+    """Collect garbage with errors raised in destructors ignored (a renderer that failed to
+    start, e.g. pyglet's EGL display, fails again when it is collected)."""
+    import gc
+    import sys
+
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda _: None
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
 
 
 def write_mp4(path: Path, frames: list[np.ndarray], fps: float) -> Path:
