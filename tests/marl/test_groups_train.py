@@ -5,6 +5,7 @@ evaluates (``rlstash eval``) from the checkpoint."""
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +50,33 @@ def test_two_groups_train_resume_and_evaluate(tmp_path: Path) -> None:
     out = _rlstash("eval", str(run), "--episodes", "3")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "3 episodes, return mean" in out.stdout
+
+
+def test_rlstash_plan_of_two_groups_prints_what_the_run_allocates(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("vmas", reason="VMAS is an optional extra: pip install 'rlstash[vmas]'")
+    from rlstash import cli
+    from rlstash.train import builders
+    from rlstash.train.config import TrainConfig
+
+    kw = '{"max_steps": 20}'
+    argv = ["plan", "--algo", "mappo", "--env", "vmas/simple_adversary", "--envs", "4"]
+    assert cli.main([*argv, "--env-kwargs", kw]) == 0
+    out = capsys.readouterr().out
+    assert "2 agent groups (adversary: A=1 agents, obs [T + 1, E, A, 8]" in out
+    printed = {}  # field -> bytes, from the table (name  shape  dtype  bytes/row  bytes  human)
+    for line in out.splitlines():
+        m = re.match(r"^([\w/]+)\s+\S+\s+\S+\s+[\d,]+\s+([\d,]+)\s", line)
+        m = m or re.match(r"^(total)\s+[\d,]+\s+([\d,]+)\s", line)
+        if m:
+            printed[m.group(1)] = int(m.group(2).replace(",", ""))
+    cfg = TrainConfig(algo="mappo", env="vmas/simple_adversary", envs=4, env_kwargs=kw,
+                      device="cpu", run_dir=str(tmp_path), quiet=True)  # fmt: skip
+    run = builders.build_run(cfg, tmp_path / "r")
+    try:
+        r = run.rollout
+        assert set(r.rollouts) == {"adversary", "agent"}
+        obs = r.rollouts["agent"].obs
+        assert printed["agent/obs"] == obs.numel() * obs.element_size()
+        assert printed["total"] == r.nbytes
+    finally:
+        run.close()
