@@ -21,7 +21,9 @@ eps 1e-5, gamma 0.99, GAE lambda 0.95, clip 0.2, entropy 0.01, value coefficient
 clip 0.5, separate [64, 64] tanh actor and critic with torch's default init (SB3:
 ``ortho_init=False``), no advantage normalisation (SB3: ``normalize_advantage=False``), one
 torch thread. What still differs: SB3 steps one Adam over actor and critic and clips their
-joint gradient norm, rlstash one Adam and one clip each. Frames are env steps (each with all its
+joint gradient norm, rlstash one Adam and one clip each; SuperSuit's SB3 wrapper reports MPE's
+25-step time limit as a plain done (SB3 then does not bootstrap it), rlstash bootstraps a
+truncated episode with V(final observation). Frames are env steps (each with all its
 agents); SB3 counts agent steps, so it is given 3x the timesteps. Evaluation: deterministic
 (argmax), 10 episodes on fresh envs every ``--eval-every`` frames, the return of an episode
 being its agents' mean summed reward. Seconds: training only (rlstash: ``train_seconds``; SB3:
@@ -62,7 +64,7 @@ def _ensure_venv() -> None:
 
 def run_rlstash(algo: str, seed: int, frames: int, eval_every: int, out: Path) -> dict:
     """One ``rlstash train`` run; its evaluations and training seconds."""
-    sets = [*(f"{k}={json.dumps(v)}" for k, v in SETTINGS.items()), "share_params=true",
+    sets = [*(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in SETTINGS.items()), "share_params=true",
             "agent_id=false", "compile=false"]  # fmt: skip
     cmd = [sys.executable, "-m", "rlstash", "train", "--run-dir", str(out), "--name",
            f"{algo}-s{seed}", "--algo", algo, "--env", f"pettingzoo:{TASK}", "--envs",
@@ -90,12 +92,14 @@ def run_sb3(seed: int, frames: int, eval_every: int) -> dict:
     import torch
     from mpe2 import simple_spread_v3
     from stable_baselines3 import PPO
+    from stable_baselines3.common.utils import set_random_seed
 
     torch.set_num_threads(1)
     env = simple_spread_v3.parallel_env(**ENV_KWARGS)
     env = ss.pettingzoo_env_to_vec_env_v1(env)
     env = ss.concat_vec_envs_v1(env, N_ENVS, num_cpus=0, base_class="stable_baselines3")
-    env.seed(seed)
+    env.venv.reset(seed=seed)  # seeds each copy's RNG (SB3's own env.seed reaches no env here)
+    set_random_seed(seed)
     s = SETTINGS
     model = PPO(
         "MlpPolicy", env, learning_rate=s["learning_rate"], n_steps=T,
@@ -105,7 +109,7 @@ def run_sb3(seed: int, frames: int, eval_every: int) -> dict:
         policy_kwargs=dict(net_arch=dict(pi=s["net_arch"], vf=s["net_arch"]),
                            activation_fn=torch.nn.Tanh, ortho_init=False,
                            optimizer_kwargs=dict(eps=s["adam_eps"])),
-        seed=seed, device="cpu", verbose=0,
+        seed=None, device="cpu", verbose=0,
     )  # fmt: skip
     evals, train_s, done = [], 0.0, 0
     while done < frames:
