@@ -17,7 +17,12 @@ registry entry says ``store="multiagent"``: its hooks (``probe``: a :class:`Mult
 are the steps of :func:`rlstash.train.builders.build_run` that differ, and the loop,
 evaluation (deterministic, on its own envs), checkpoints, resume and the learning curve are
 :mod:`rlstash.train.drive`'s. :func:`plan_rollout` is ``rlstash plan --algo mappo``'s.
-Frames count env steps (each with all its agents), as BenchMARL counts them. The scenario's
+Frames count env steps (each with all its agents), as BenchMARL counts them. An env with
+several agent groups (agents with different spaces) trains one agent per group
+(:class:`~rlstash.agents.mappo_groups.GroupedMAPPO`) on a
+:class:`~rlstash.storage.marl_rollout.GroupedRollout`; its logs carry every agent's and every
+group's return, its checkpoints every group. ``--video`` records VMAS evaluations
+(:func:`rlstash.train.video.record_batched`). The scenario's
 settings are BenchMARL's task configs (:data:`VMAS_TASKS`) overridden by ``--env-kwargs``
 (JSON). With ``--envs N`` a rollout keeps the preset's frames (6,000): ``rollout_steps`` becomes
 6000 // N unless given.
