@@ -35,19 +35,12 @@ def _frames(path: Path) -> int:
         return sum(1 for _ in reader)
 
 
-def _renders() -> bool:
-    code = ("from rlstash.envs.vmas import make_vmas; from rlstash.train.video import headless_gl;"
-            "headless_gl(); e = make_vmas('vmas/navigation', 1); e.reset(); e.render_frame()")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, env=_env(), timeout=120)
-    return out.returncode == 0
-
-
 def test_train_and_eval_record_vmas_episodes_headless(tmp_path: Path) -> None:
-    if not _renders():
-        pytest.skip("no EGL renderer on this machine (CI installs libegl1 libgl1-mesa-dri)")
     cmd = [sys.executable, "-m", "rlstash", "train", "--run-dir", str(tmp_path), "--name", "r"]
     out = subprocess.run(cmd + ARGS, capture_output=True, text=True, timeout=300, cwd=ROOT,
                          env=_env())  # fmt: skip
+    if out.returncode == 2 and "cannot render frames on this machine" in out.stderr:
+        pytest.skip(f"no EGL renderer here (CI installs libegl1 libgl1-mesa-dri): {out.stderr}")
     assert out.returncode == 0, out.stderr[-3000:]
     videos = sorted((tmp_path / "r" / "videos").glob("*.mp4"))
     assert [v.name for v in videos] == ["step-000000020.mp4"]
