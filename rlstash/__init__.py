@@ -59,7 +59,9 @@ _EXPORTS: dict[str, str] = {
     "VmasVectorEnv": "rlstash.envs.vmas",  # VMAS itself is imported only when one is built
     "MultiAgentCollector": "rlstash.collect.multiagent",
     "MultiAgentRollout": "rlstash.storage.marl_rollout",
+    "GroupedRollout": "rlstash.storage.marl_rollout",  # several agent groups: one per group
     "MAPPO": "rlstash.agents.mappo",
+    "GroupedMAPPO": "rlstash.agents.mappo_groups",
     "MAPPOConfig": "rlstash.agents.mappo",
     "IPPOConfig": "rlstash.agents.mappo",
     # multi-agent off-policy: the stream's agent fields, its collector, QMIX/VDN
@@ -112,6 +114,8 @@ __all__ = [
     "ProcessPoolVectorEnv",
     "Field",
     "FrameCompression",
+    "GroupedMAPPO",
+    "GroupedRollout",
     "HistorySummarizer",
     "HistoryWindow",
     "transitions_from_windows",
@@ -190,6 +194,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.agents.base import read_metrics
     from rlstash.agents.dict_obs import obs_shapes
     from rlstash.agents.mappo import MAPPO, IPPOConfig, MAPPOConfig
+    from rlstash.agents.mappo_groups import GroupedMAPPO
     from rlstash.agents.qmix import QMIX, QMIXConfig, VDNConfig
     from rlstash.collect.marl_stream import MultiAgentStreamCollector
     from rlstash.collect.multiagent import MultiAgentCollector
@@ -212,7 +217,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; no runtime import
     from rlstash.spec import Field, Spec
     from rlstash.storage.disk import MemmapStorage
     from rlstash.storage.frames import FrameCompression
-    from rlstash.storage.marl_rollout import MultiAgentRollout
+    from rlstash.storage.marl_rollout import GroupedRollout, MultiAgentRollout
     from rlstash.storage.ram import TensorStorage
     from rlstash.storage.rollout import RolloutStorage
     from rlstash.storage.stream_agents import agent_step_spec

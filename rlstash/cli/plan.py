@@ -247,6 +247,8 @@ def build_rollout_plan(
     except SettingError as exc:
         raise ValueError(relabel(exc, PlanConfig)) from None
     state = "none" if sizes["state_dim"] is None else f"[T + 1, E, {sizes['state_dim']}]"
+    if "groups" in sizes:  # several agent groups: a GroupedRollout
+        return _grouped_head(args, result, sizes, state, device)
     T, E, A = sizes["steps"], sizes["num_envs"], sizes["n_agents"]
     head = (
         f"MultiAgentRollout of --algo {args.algo} on {args.env}: T={T} steps x E={E} envs x "
@@ -276,6 +278,30 @@ def _stream_plan(
         f"agents ({fields}); next observations are rebuilt from the next slot. Rows are slots"
     )
     return result, head, result.check
+
+
+def _grouped_head(
+    args: PlanConfig, result: MemoryPlan, sizes: dict[str, Any], state: str, device: Any
+) -> tuple[MemoryPlan, str, Callable[[], None]]:
+    """:func:`build_rollout_plan`'s answer for an env of several agent groups."""
+    import functools
+
+    from rlstash.storage.marl_rollout import GroupedRollout
+
+    T, E, groups = sizes["steps"], sizes["num_envs"], sizes["groups"]
+    parts = "; ".join(
+        f"{g}: A={s['n_agents']} agents, obs [T + 1, E, A, {s['obs_dim']}], action "
+        f"[T, E, A{''.join(f', {d}' for d in s['action_shape'])}]"
+        for g, s in groups.items()
+    )
+    head = (
+        f"GroupedRollout of --algo {args.algo} on {args.env}: T={T} steps x E={E} envs, "
+        f"{len(groups)} agent groups ({parts}); state {state}. Rows are envs: each field below "
+        "is one env's <group>/<field>"
+    )
+    n = sum(s["n_agents"] for s in groups.values())
+    refuse = functools.partial(GroupedRollout.check_fits, result.fields, T, E, n, device)
+    return result, head, refuse
 
 
 def build_plan(args: argparse.Namespace | PlanConfig) -> tuple[MemoryPlan, str]:

@@ -2,8 +2,10 @@
 
 ::
 
-    collector = MultiAgentCollector(env)              # a MultiAgentVectorEnv, one agent group
+    collector = MultiAgentCollector(env)              # a MultiAgentVectorEnv
     collector.collect(agent, rollout)                 # T steps of E envs, every agent
+                                                      # (several groups: an agent per group
+                                                      # and a GroupedRollout)
     collector.stats.returns_per_agent()               # mean episode return per agent (host read)
 
 Per step: the agent acts on the group's observations [E, A, D] (flattened per agent; a dict
@@ -14,7 +16,9 @@ the rollout stores their value, not the observations. Episode returns are summed
 the device; nothing is read on the host per step beyond what the env itself reads.
 
 The agent: ``act(obs [E, A, D], action_mask, deterministic) -> (stored action, env action,
-logp)`` and ``values(obs, state) -> [E, A]`` (:class:`rlstash.agents.mappo.MAPPO`).
+logp)`` and ``values(obs, state) -> [E, A]`` (:class:`rlstash.agents.mappo.MAPPO`). With
+several groups each group's agent acts on its own observations and its critic's global input
+is the env's state, or (none) every group's observations concatenated.
 """
 
 from __future__ import annotations
@@ -64,71 +68,120 @@ class EpisodeStats:
 
 
 class MultiAgentCollector:
-    """Steps ``env`` (module docstring); ``group``: the agent group to collect (default: the
-    only one; envs with several groups need one agent per group, not yet supported here)."""
+    """Steps ``env`` (module docstring), every agent group of it: with one group ``agent`` is
+    one agent and ``rollout`` a :class:`~rlstash.storage.marl_rollout.MultiAgentRollout`; with
+    several, ``agent`` has one agent per group (``agent.agents``, e.g. a
+    :class:`~rlstash.agents.mappo_groups.GroupedMAPPO`) and ``rollout`` is a
+    :class:`~rlstash.storage.marl_rollout.GroupedRollout`. Episode returns are kept for every
+    agent of every group, in group order (:attr:`agent_names`)."""
 
     def __init__(self, env: MultiAgentVectorEnv, seed: int | None = None) -> None:
-        if len(env.groups) != 1:
-            raise ValueError(
-                f"env: has agent groups {sorted(env.groups)}; MultiAgentCollector trains one "
-                "group (agents with identical spaces): use an env whose agents are alike"
-            )
         self.env = env
-        self.group = next(iter(env.groups))
-        self.n_agents = len(env.groups[self.group])
+        self.group = next(iter(env.groups))  # the first group (the only one, usually)
+        self.agent_names = [a for members in env.groups.values() for a in members]
+        self.n_agents = len(self.agent_names)
         self.num_envs = env.num_envs
         self.steps_per_batch = 0
         self.stats = EpisodeStats(env.num_envs, self.n_agents, env.device)
         self.last: MultiAgentStep = env.reset(seed=seed)
 
-    def obs(self, step: MultiAgentStep | None = None) -> torch.Tensor:
-        """The group's observations [E, A, D] of ``step`` (default: the latest)."""
+    def obs(self, step: MultiAgentStep | None = None, group: str | None = None) -> torch.Tensor:
+        """A group's observations [E, A_g, D_g] of ``step`` (default: the latest step, the
+        first group)."""
         step = step or self.last
-        return flatten_obs(step.obs[self.group])
+        return flatten_obs(step.obs[group or self.group])
+
+    def agents_of(self, agent: Any) -> dict[str, Any]:
+        """The agent acting for each group: ``agent.agents`` (one per group), or ``agent``
+        itself when the env has one group; refused naming the groups otherwise."""
+        per_group = getattr(agent, "agents", None)
+        if per_group is None and len(self.env.groups) == 1:
+            return {self.group: agent}
+        if per_group is None or set(per_group) != set(self.env.groups):
+            have = "one agent" if per_group is None else f"agents for {sorted(per_group)}"
+            raise ValueError(
+                f"agent: the env has agent groups {sorted(self.env.groups)}, got {have}; give "
+                "one agent per group (rlstash.agents.mappo_groups.GroupedMAPPO)"
+            )
+        return dict(per_group)
+
+    def _joint(self, obs: dict[str, Any], state: torch.Tensor | None) -> torch.Tensor | None:
+        """The critics' global input with several groups: the env's state, else every group's
+        observations flattened and concatenated [E, sum_g A_g * D_g]."""
+        if state is not None or len(self.env.groups) == 1:
+            return state
+        return torch.cat([flatten_obs(obs[g]).flatten(-2) for g in self.env.groups], -1)
 
     @torch.no_grad()
     def collect(self, agent: Any, rollout: Any) -> None:
-        """Fill ``rollout`` with T steps of every env by ``agent``."""
-        g = self.group
+        """Fill ``rollout`` with T steps of every env by ``agent`` (class docstring)."""
+        agents = self.agents_of(agent)
+        grouped = hasattr(rollout, "rollouts")
+        parts = rollout.rollouts if grouped else {self.group: rollout}
         self.steps_per_batch = rollout.steps
-        rollout.start(self.obs(), self.last.state)
+        if grouped:
+            rollout.start({g: self.obs(group=g) for g in parts}, self.last.state)
+        else:
+            rollout.start(self.obs(), self.last.state)
         for t in range(rollout.steps):
             step = self.last
-            stored, env_action, logp = agent.act(self.obs(step), step.action_mask[g])
-            nxt = self.env.step({g: env_action})
-            final_value = None
+            acted = {g: a.act(self.obs(step, g), step.action_mask[g]) for g, a in agents.items()}
+            nxt = self.env.step({g: out[1] for g, out in acted.items()})
+            joint = None
             if nxt.final_obs is not None:  # some env ended: V(its final observations)
                 # (a global final state is not part of the layout: MAPPO without one takes
                 # the concatenated final observations; with one, the next state stands in)
-                final = flatten_obs(nxt.final_obs[g])
-                v = agent.values(final, nxt.state)
-                final_value = v * nxt.env_done[:, None]
-            done = nxt.terminated[g] | nxt.truncated[g]
-            rollout.put(
-                t, stored, logp, step.mask[g], nxt.reward[g], nxt.terminated[g], done,
-                self.obs(nxt), nxt.state, final_value, step.action_mask[g],
-            )  # fmt: skip
-            self.stats.add(nxt.reward[g] * step.mask[g], nxt.env_done)
+                joint = self._joint(nxt.final_obs, nxt.state)
+            for g, r in parts.items():
+                final_value = None
+                if nxt.final_obs is not None:
+                    v = agents[g].values(flatten_obs(nxt.final_obs[g]), joint)
+                    final_value = v * nxt.env_done[:, None]
+                done = nxt.terminated[g] | nxt.truncated[g]
+                stored, _, logp = acted[g]
+                r.put(
+                    t, stored, logp, step.mask[g], nxt.reward[g], nxt.terminated[g], done,
+                    self.obs(nxt, g), None if grouped else nxt.state, final_value,
+                    step.action_mask[g],
+                )  # fmt: skip
+            if grouped:
+                rollout.put_state(t + 1, nxt.state)
+            self.stats.add(self._rewards(step, nxt), nxt.env_done)
             self.last = nxt
 
+    def _rewards(self, step: MultiAgentStep, nxt: MultiAgentStep) -> torch.Tensor:
+        """Every agent's reward of ``nxt`` [E, A] (group order), 0 where it did not act."""
+        parts = [nxt.reward[g] * step.mask[g] for g in self.env.groups]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
     @torch.no_grad()
-    def evaluate(self, agent: Any, episodes: int, deterministic: bool = True) -> dict[str, Any]:
+    def evaluate(
+        self, agent: Any, episodes: int, deterministic: bool = True,
+        on_step: Any = None,
+    ) -> dict[str, Any]:  # fmt: skip
         """Run ``env`` (fresh, its own envs) until ``episodes`` episodes ended, acting by
         ``agent``; {"returns": [episodes] mean-over-agents returns, "lengths", "per_agent"
-        [episodes, A]} (host arrays). Resets the env first."""
+        [episodes, A] (every group's agents, :attr:`agent_names` order)} (host arrays).
+        Resets the env first; ``on_step(step)`` (if given) sees the reset and every step."""
         import numpy as np
 
-        g = self.group
+        agents = self.agents_of(agent)
         step = self.env.reset()
+        if on_step is not None:
+            on_step(step)
         E = self.num_envs
         running = torch.zeros(E, self.n_agents, device=self.env.device)
         length = torch.zeros(E, dtype=torch.int64, device=self.env.device)
         done_returns: list[Any] = []
         lengths: list[int] = []
         while len(done_returns) < episodes:
-            _, env_action, _ = agent.act(self.obs(step), step.action_mask[g], deterministic)
-            step = self.env.step({g: env_action})
-            running += step.reward[g] * step.mask[g]
+            acts = {g: a.act(self.obs(step, g), step.action_mask[g], deterministic)[1]
+                    for g, a in agents.items()}  # fmt: skip
+            nxt = self.env.step(acts)
+            running += self._rewards(step, nxt)
+            step = nxt
+            if on_step is not None:
+                on_step(step)
             length += 1
             ended = step.env_done.nonzero().flatten().tolist()  # evaluation: host reads are fine
             for i in ended:

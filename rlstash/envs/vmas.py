@@ -105,6 +105,9 @@ class VmasVectorEnv:
         self._discrete = {g: action_shape(s)[1] for g, s in self.action_spaces.items()}
         self.max_steps = max_steps
         self._closed = False
+        # a video recording of env 0 (rlstash.train.video.BatchedEpisodes): told of its resets
+        # and steps; None: nothing is rendered
+        self.recording: Any = None
 
     # --- the protocol ------------------------------------------------------------------------
 
@@ -114,6 +117,8 @@ class VmasVectorEnv:
         zeros = self._per_agent(torch.zeros(self.num_envs, device=self.device))
         false = {g: t.bool() for g, t in zeros.items()}
         done = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+        if self.recording is not None:
+            self.recording.started()
         return MultiAgentStep(
             obs=obs, reward=zeros, terminated=false, truncated=dict(false),
             mask={g: ~t for g, t in false.items()}, action_mask=dict.fromkeys(self.groups),
@@ -140,15 +145,30 @@ class VmasVectorEnv:
         done = term | trunc
         final = None
         ended = int(done.sum())  # the step's one host read: VMAS resets by index
+        if self.recording is not None:  # env 0's frame before an ended episode resets
+            self.recording.stepped(done)
         if ended:
             final = obs
             obs = self._reset_ended(done, ended, obs)
+            if self.recording is not None and bool(done[0]):
+                self.recording.started()
         mask = self._per_agent(torch.ones(self.num_envs, dtype=torch.bool, device=self.device))
         return MultiAgentStep(
             obs=obs, reward=reward, terminated=self._per_agent(term),
             truncated=self._per_agent(trunc), mask=mask,
             action_mask=dict.fromkeys(self.groups), state=None, env_done=done, final_obs=final,
         )  # fmt: skip
+
+    def render_frame(self) -> Any:
+        """Env 0 as an RGB frame [H, W, 3] uint8 (VMAS's pyglet renderer; headless: see
+        :func:`rlstash.train.video.headless_gl`)."""
+        return self._env.render(mode="rgb_array", env_index=0, visualize_when_rgb=False)
+
+    @property
+    def render_fps(self) -> float:
+        """Frames per second of a video: one frame per simulation step of ``dt`` seconds."""
+        dt = getattr(getattr(self._env, "world", None), "dt", None)
+        return round(1.0 / dt) if dt else 10.0
 
     def close(self) -> None:
         """Release the simulator (and its renderer, if one was opened)."""

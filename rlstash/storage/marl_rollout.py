@@ -35,11 +35,26 @@ action_mask     [T, E, A, n] bool  available discrete actions (when the env has 
 Each observation is stored once: row t + 1 is step t's next observation; the final
 observation of an ended episode enters only through its value. A naive copy (obs and next obs
 per agent) holds ``2 * D`` floats per agent-step; here it is ``D (T + 1) / T + 1``.
+
+Several agent groups (agents with different spaces, :func:`rlstash.envs.multiagent.group_agents`)
+fill a :class:`GroupedRollout`: one :class:`MultiAgentRollout` per group ([T, E, A_g, ...], its
+own observation and action sizes) and the env's global state once ([T + 1, E, S], shared by
+every group's critic), planned together to the byte before any is allocated::
+
+    rollout = GroupedRollout(steps=T, num_envs=E, groups={
+        "adversary": dict(n_agents=1, obs_dim=8, action_shape=(), action_dtype=torch.int64),
+        "agent": dict(n_agents=2, obs_dim=10, action_shape=(), action_dtype=torch.int64)})
+    rollout.rollouts["agent"].obs                  # [T + 1, E, 2, 10]
+    rollout.view("agent", joint=True).state        # [T + 1, E, 1 * 8 + 2 * 10]: every group's
+                                                   # observations (MAPPO's critic input where
+                                                   # the env has no state; built on demand)
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import copy
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -227,6 +242,131 @@ class MultiAgentRollout:
     def carry_over(self) -> None:
         """Start the next rollout from this one's last row (row T becomes row 0)."""
         self.obs[0].copy_(self.obs[self.steps])
+        if self.state is not None:
+            self.state[0].copy_(self.state[self.steps])
+
+
+class GroupedRollout:
+    """The rollouts of several agent groups of one env (module docstring): ``rollouts``, one
+    :class:`MultiAgentRollout` per group (without a state field), and ``state`` [T + 1, E, S]
+    once where the env has a global state (``state_dim``). ``groups``: group name -> the
+    :class:`MultiAgentRollout` sizes of that group (``n_agents``, ``obs_dim``, optionally
+    ``action_shape``, ``action_dtype``, ``n_action_mask``). Every byte is checked to fit on
+    ``device`` before the first is allocated (invariant I2)."""
+
+    state: torch.Tensor | None
+
+    def __init__(
+        self,
+        steps: int,
+        num_envs: int,
+        groups: Mapping[str, Mapping[str, Any]],
+        state_dim: int | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.device = torch.device(device)
+        needs = self.plan_bytes(steps, num_envs, groups, state_dim)  # checks the sizes too
+        n_agents = sum(int(g["n_agents"]) for g in groups.values())
+        self.check_fits(needs, steps, num_envs, n_agents, self.device)
+        self.steps, self.num_envs, self.n_agents = steps, num_envs, n_agents
+        self.state_dim = state_dim
+        self.rollouts = {
+            g: MultiAgentRollout(steps, num_envs, **sizes, state_dim=None, device=self.device)
+            for g, sizes in groups.items()
+        }
+        self.state = None
+        if state_dim is not None:
+            self.state = torch.zeros(steps + 1, num_envs, state_dim, device=self.device)
+
+    @staticmethod
+    def spec(
+        steps: int, groups: Mapping[str, Mapping[str, Any]], state_dim: int | None = None
+    ) -> Spec:
+        """One env's rows of every group's fields, named ``<group>/<field>``, and ``state``."""
+        if not isinstance(groups, Mapping) or not groups:
+            raise ValueError(
+                f"groups: expected a dict of group name -> rollout sizes, got {groups!r}"
+            )
+        fields: dict[str, Field] = {}
+        for g, sizes in groups.items():
+            extra = set(sizes) - {"n_agents", "obs_dim", "action_shape", "action_dtype",
+                                  "n_action_mask"}  # fmt: skip
+            if extra or "n_agents" not in sizes or "obs_dim" not in sizes:
+                raise ValueError(
+                    f"groups[{g!r}]: expected n_agents, obs_dim and optionally action_shape, "
+                    f"action_dtype, n_action_mask; got {sorted(sizes)}"
+                )
+            part = MultiAgentRollout.spec(steps, **{**sizes, "state_dim": None})
+            fields.update({f"{g}/{name}": part[name] for name in part})
+        if state_dim is not None:
+            fields["state"] = Field((steps + 1, state_dim), torch.float32)
+        return Spec(fields)
+
+    @classmethod
+    def plan_bytes(
+        cls, steps: int, num_envs: int, groups: Mapping[str, Mapping[str, Any]],
+        state_dim: int | None = None,
+    ) -> dict[str, int]:  # fmt: skip
+        """Exact bytes of every tensor the grouped rollout allocates, by ``<group>/<field>``
+        (and ``state``)."""
+        for name, value in (("steps", steps), ("num_envs", num_envs)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        return cls.spec(steps, groups, state_dim).field_nbytes(num_envs)
+
+    @classmethod
+    def plan(
+        cls, steps: int, num_envs: int, groups: Mapping[str, Mapping[str, Any]],
+        state_dim: int | None = None, device: torch.device | str = "cpu",
+    ) -> MemoryPlan:  # fmt: skip
+        """The :class:`~rlstash.memory.MemoryPlan` of the grouped rollout on ``device`` (rows:
+        envs), nothing allocated."""
+        from rlstash.memory import plan
+
+        return plan(cls.spec(steps, groups, state_dim), num_envs, device=device)
+
+    check_fits = staticmethod(MultiAgentRollout.check_fits)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by every group's tensors and the state."""
+        own = 0 if self.state is None else self.state.numel() * self.state.element_size()
+        return own + sum(r.nbytes for r in self.rollouts.values())
+
+    @property
+    def frames(self) -> int:
+        """Env steps per rollout: T * E."""
+        return self.steps * self.num_envs
+
+    def joint_obs(self) -> torch.Tensor:
+        """Every group's observations, flattened per env and concatenated in group order:
+        [T + 1, E, sum_g A_g * D_g] (a new tensor: MAPPO's centralised critic input where the
+        env has no global state)."""
+        return torch.cat([r.obs.flatten(-2) for r in self.rollouts.values()], -1)
+
+    def view(self, group: str, joint: bool = False) -> MultiAgentRollout:
+        """``group``'s rollout as its agent reads it: the same tensors, with ``state`` the
+        env's global state, or with ``joint`` (no global state) :meth:`joint_obs`."""
+        out = copy.copy(self.rollouts[group])  # shares every tensor
+        out.state = self.state if self.state is not None or not joint else self.joint_obs()
+        return out
+
+    def start(self, obs: Mapping[str, torch.Tensor], state: torch.Tensor | None = None) -> None:
+        """Row 0: every group's observations [E, A_g, D_g] (and the state [E, S])."""
+        for g, r in self.rollouts.items():
+            r.start(obs[g])
+        if self.state is not None:
+            self.state[0].copy_(state)
+
+    def put_state(self, t: int, state: torch.Tensor) -> None:
+        """Row ``t`` of the state (the state after step t - 1)."""
+        if self.state is not None:
+            self.state[t].copy_(state)
+
+    def carry_over(self) -> None:
+        """Start the next rollout from this one's last row, in every group."""
+        for r in self.rollouts.values():
+            r.carry_over()
         if self.state is not None:
             self.state[0].copy_(self.state[self.steps])
 

@@ -36,6 +36,10 @@ def evaluate_run(
     recorder = videos.Recorder(video_dir or run_dir / "videos") if video else None  # refuses early
     ckpt, state, _ = rundir.read_checkpoint(run_dir)  # manifest, settings, checksum, load
     cfg = TrainConfig(**state["config"])
+    if algos.ALGOS[cfg.algo].store == "multiagent":  # MAPPO/IPPO: every agent group's policy
+        from rlstash.train import marl
+
+        return marl.evaluate_saved(cfg, state, ckpt, episodes, seed, device, recorder)
     info = builders.probe_env(cfg.env, cfg.history)
     cfg, agent_cfg = algos.resolve(cfg, info.act_space)
     agent = builders.make_agent(cfg, agent_cfg, info, torch.device(device))

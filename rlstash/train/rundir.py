@@ -130,7 +130,7 @@ def read_checkpoint(
     TrainConfig, e.g. ``train(cfg, resume=...)``: its algorithm, env and history, and what it
     sets apart from the defaults) and against the env now, before any tensor is read;
     ``state.pt``'s size and SHA-256; ``torch.load``. ValueError lines otherwise."""
-    from rlstash.envs.make import probe_env
+    from rlstash.envs.make import is_multiagent, probe_env
 
     ckpt = checkpoint.latest(run_dir)
     if ckpt is None:
@@ -151,11 +151,16 @@ def read_checkpoint(
                 "a run resumes with its own settings: call train(resume=...) without a config, "
                 "or start a new run under another run_name",
             )  # fmt: skip
-        info = probe_env(config.get("env", ""), config.get("history", 0))
-        spaces = {
-            "obs_space": checkpoint.describe_space(info.obs_space),
-            "action_space": checkpoint.describe_space(info.act_space),
-        }
+        if is_multiagent(config.get("env", "")):  # its agents, groups and their spaces
+            from rlstash.train.marl import settings_now
+
+            spaces = settings_now(config)
+        else:
+            info = probe_env(config.get("env", ""), config.get("history", 0))
+            spaces = {
+                "obs_space": checkpoint.describe_space(info.obs_space),
+                "action_space": checkpoint.describe_space(info.act_space),
+            }
         checkpoint.check_settings(
             ckpt, man["settings"], spaces, f"the env {config.get('env')} now has",
             "its networks do not fit it: make the env as it was when the run was trained, or "

@@ -13,7 +13,10 @@ episodes::
 
 An episode's video holds the frame after reset and one frame per step (``length + 1``
 frames) at the env's ``render_fps`` (Atari: 15, one frame per agent step of 4 frames). Without
-a display MuJoCo envs render through EGL (``MUJOCO_GL=egl`` unless set otherwise). Files
+a display MuJoCo envs render through EGL (``MUJOCO_GL=egl`` unless set otherwise). Multi-agent VMAS evaluations are recorded the same way (:func:`record_batched`: env 0 of the
+batched evaluation env, rendered by VMAS's pyglet renderer; without a display pyglet renders
+through EGL, its ``headless`` option, e.g. Mesa's software EGL: ``apt-get install libegl1
+libgl1-mesa-dri``). Files
 are written with imageio's ffmpeg plugin (``pip install 'rlstash[video]'``), H.264, each
 replaced atomically, so a file that exists is complete.
 """
@@ -142,6 +145,98 @@ def check_renders(env: Any) -> None:
             f"video: env {name} renders {type(frame).__name__} of shape {shape}, not an RGB "
             "frame [H, W, 3]; drop --video"
         )
+
+
+def headless_gl() -> None:
+    """Without a display (no ``DISPLAY``), make pyglet render offscreen through EGL (its
+    ``headless`` option; set before pyglet's window module loads, as VMAS loads it lazily)."""
+    if os.environ.get("DISPLAY"):
+        return
+    try:
+        import pyglet
+    except ImportError:
+        return  # the render check names the missing package
+    pyglet.options["headless"] = True
+
+
+class BatchedEpisodes:
+    """Records env 0 of a batched multi-agent env that renders its env 0 (``render_frame()``
+    -> [H, W, 3] uint8, e.g. :class:`rlstash.envs.vmas.VmasVectorEnv`) for the episodes its
+    recorder requests. The env calls :meth:`started` after a reset of env 0 and
+    :meth:`stepped` after each step, before it resets ended envs (so the last frame is the
+    episode's last state): an episode's video has ``length + 1`` frames."""
+
+    def __init__(self, env: Any, recorder: Recorder, fps: float) -> None:
+        self.env, self.recorder, self.fps = env, recorder, fps
+        self.path: Path | None = None
+        self.frames: list[np.ndarray] = []
+
+    def started(self) -> None:
+        """Env 0 begins an episode: record it when one is pending."""
+        if self.path is not None and len(self.frames) <= 1:  # reset again before a step
+            self.frames = [self.env.render_frame()]
+            return
+        self.path, self.frames = None, []
+        if self.recorder.pending:
+            self.path = self.recorder.pending.pop(0)
+            self.frames = [self.env.render_frame()]
+
+    def stepped(self, done: Any) -> None:
+        """Env 0 stepped (``done``: the [E] env-done flags): add its frame; write the video
+        when its episode ended."""
+        if self.path is None:
+            return
+        self.frames.append(self.env.render_frame())
+        if bool(done[0]):
+            self.recorder.written.append(write_mp4(self.path, self.frames, self.fps))
+            self.path, self.frames = None, []
+
+
+def record_batched(env: Any, recorder: Recorder, name: str) -> Any:
+    """``env`` (a batched multi-agent env, ``name`` its id) with its env 0 recorded for
+    ``recorder`` (:class:`BatchedEpisodes`); one frame is rendered now, so that a machine that
+    cannot render is refused before the run starts, with a one-line ValueError naming the
+    fix. An env that cannot render its env 0 (PettingZoo in the process pool) is refused."""
+    if not callable(getattr(env, "render_frame", None)):
+        raise ValueError(
+            f"video: env {name} cannot be recorded (multi-agent videos record VMAS envs, "
+            "vmas/<scenario>); drop --video"
+        )
+    headless_gl()
+    why = ""
+    try:
+        frame = env.render_frame()
+    except Exception as exc:  # noqa: BLE001 - pyglet/EGL/GL fail in their own ways
+        why = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    if why:
+        _collect_quietly()  # the half-made renderer's destructor fails too: not a 2nd error
+        raise ValueError(
+            f"video: env {name} cannot render frames on this machine ({why}); without a "
+            "display VMAS renders through EGL: install Mesa's EGL (apt-get install libegl1 "
+            "libgl1-mesa-dri) or run under xvfb-run, or drop --video"
+        )
+    shape = np.shape(frame)
+    if len(shape) != 3 or shape[2] != 3:
+        raise ValueError(
+            f"video: env {name} renders {type(frame).__name__} of shape {shape}, not an RGB "
+            "frame [H, W, 3]; drop --video"
+        )
+    env.recording = BatchedEpisodes(env, recorder, env.render_fps)
+    return env
+
+
+def _collect_quietly() -> None:
+    """Collect garbage with errors raised in destructors ignored (a renderer that failed to
+    start, e.g. pyglet's EGL display, fails again when it is collected)."""
+    import gc
+    import sys
+
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda _: None
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
 
 
 def write_mp4(path: Path, frames: list[np.ndarray], fps: float) -> Path:
