@@ -12,13 +12,17 @@ of ended envs, rounds interleaved (VMAS stepped by hand, rlstash's MultiAgentCol
 MultiAgentRollout, TorchRL's SyncDataCollector over VmasEnv), medians; bytes per env step of
 rlstash's rollout vs TorchRL's collected batch (obs and next obs per agent).
 
-``learn``: one process per (side, seed); per seed the two sides run side by side (same
-machine load), seeds one after the other; both with BenchMARL's defaults (6,000 frames per batch from 10 envs, minibatch 400, 45
-passes, lr 5e-5, [256, 256] tanh MLPs, tanh-normal, shared parameters; rlstash without the
-agent-id input, which BenchMARL does not have), one torch thread each, evaluation every 12,000
-frames (deterministic, 10 episodes; BenchMARL also evaluates after its first batch). Training
-seconds exclude evaluation on both sides (BenchMARL: wall time minus the time from its last
-train step to the end of each evaluation).
+``learn``: one process per (side, seed), each in its own session (the kernel's autogroup
+scheduling shares the CPU between sessions: in one session the pair got one job's share); per
+seed the two sides run side by side (same machine load), seeds one after the other; both with
+BenchMARL's defaults (6,000 frames per batch from 10 envs, minibatch 400, 45 passes, lr 5e-5,
+[256, 256] tanh MLPs, tanh-normal, shared parameters; rlstash without the agent-id input, which
+BenchMARL does not have), one torch thread and one inter-op thread each, evaluation every
+``--eval-every`` frames (deterministic, 10 episodes; BenchMARL also evaluates after its first
+batch). Training seconds, wall and CPU, by the same harness clock on both sides: from the end of
+set-up (BenchMARL's ``on_setup``; rlstash's ``drive`` entry) to each evaluation's end, minus
+every evaluation (BenchMARL: from the end of the update before it; rlstash: ``_evaluate``).
+``report --write`` puts the tables into ``bench/results/marl.md`` between its report markers.
 """
 
 from __future__ import annotations
