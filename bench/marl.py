@@ -12,19 +12,25 @@ of ended envs, rounds interleaved (VMAS stepped by hand, rlstash's MultiAgentCol
 MultiAgentRollout, TorchRL's SyncDataCollector over VmasEnv), medians; bytes per env step of
 rlstash's rollout vs TorchRL's collected batch (obs and next obs per agent).
 
-``learn``: one process per (side, seed); per seed the two sides run side by side (same
-machine load), seeds one after the other; both with BenchMARL's defaults (6,000 frames per batch from 10 envs, minibatch 400, 45
-passes, lr 5e-5, [256, 256] tanh MLPs, tanh-normal, shared parameters; rlstash without the
-agent-id input, which BenchMARL does not have), one torch thread each, evaluation every 12,000
-frames (deterministic, 10 episodes; BenchMARL also evaluates after its first batch). Training
-seconds exclude evaluation on both sides (BenchMARL: wall time minus the time from its last
-train step to the end of each evaluation).
+``learn``: one process per (side, seed), each in its own session (the kernel's autogroup
+scheduling shares the CPU between sessions: in one session the pair got one job's share); per
+seed the two sides run side by side (same machine load), seeds one after the other; both with
+BenchMARL's defaults (6,000 frames per batch from 10 envs, minibatch 400, 45 passes, lr 5e-5,
+[256, 256] tanh MLPs, tanh-normal, shared parameters; rlstash without the agent-id input, which
+BenchMARL does not have), one torch thread and one inter-op thread each, evaluation every
+``--eval-every`` frames (deterministic, 10 episodes; BenchMARL also evaluates after its first
+batch). Training seconds, wall and CPU, by the same harness clock on both sides: from the end of
+set-up (BenchMARL's ``on_setup``; rlstash's ``drive`` entry) to each evaluation's end, minus
+every evaluation (BenchMARL: from the end of the update before it; rlstash: ``_evaluate``).
+``report --write`` puts the tables into ``bench/results/marl.md`` between its report markers.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -36,6 +42,7 @@ sys.path.insert(0, str(HERE))
 from setup_marl import ensure_marl_venv  # noqa: E402
 
 RESULTS = HERE / "results"
+REPORT_START, REPORT_END = "<!-- report: start -->", "<!-- report: end -->"
 TASKS = {"navigation": dict(n_agents=3), "balance": dict(n_agents=4)}
 
 
@@ -138,7 +145,29 @@ def cmd_collect(args: argparse.Namespace) -> None:
 CURVE: list[
     dict
 ] = []  # BenchMARL's evaluations, appended by its callback (picklable: module level)
-_CLOCK = {"t0": 0.0, "eval": 0.0, "last_train": 0.0}
+_CLOCK: dict[str, float] = {"collected": 0.0}
+
+
+def _clock_start() -> dict[str, float]:
+    """The training clock's start (wall and CPU), taken after set-up on both sides."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    return {"t0": wall, "cpu0": cpu, "mark": wall, "mark_cpu": cpu, "eval": 0.0, "eval_cpu": 0.0}
+
+
+def _clock_eval_end() -> dict[str, float]:
+    """At the end of an evaluation (which began at the last mark: the end of the last update):
+    its seconds join the excluded ones; the training seconds so far, wall and CPU."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    _CLOCK["eval"] += wall - _CLOCK["mark"]
+    _CLOCK["eval_cpu"] += cpu - _CLOCK["mark_cpu"]
+    _CLOCK["mark"], _CLOCK["mark_cpu"] = wall, cpu  # the next collection starts here
+    return {
+        "train_seconds": wall - _CLOCK["t0"] - _CLOCK["eval"],
+        "train_cpu_seconds": cpu - _CLOCK["cpu0"] - _CLOCK["eval_cpu"],
+    }
+
+
+ITERS: list[dict] = []  # BenchMARL's per-iteration collection and training seconds
 
 
 def _curve_callback():  # noqa: ANN202
@@ -150,37 +179,39 @@ def _curve_callback():  # noqa: ANN202
 
         class _Curve(Callback):
             def on_setup(self) -> None:
-                _CLOCK["t0"] = time.perf_counter()
+                _CLOCK.update(_clock_start())
+
+            def on_batch_collected(self, batch):  # noqa: ANN001, ANN201
+                _CLOCK["collected"] = time.perf_counter()
 
             def on_train_end(self, training_td, group):  # noqa: ANN001, ANN201
-                _CLOCK["last_train"] = time.perf_counter()
+                now = time.perf_counter()
+                ITERS.append({"collect": _CLOCK["collected"] - _CLOCK["mark"],
+                              "train": now - _CLOCK["collected"]})  # fmt: skip
+                _CLOCK["mark"], _CLOCK["mark_cpu"] = now, time.process_time()
 
             def on_evaluation_end(self, rollouts):  # noqa: ANN001, ANN201
-                now = time.perf_counter()
-                if self.experiment.total_frames > 0:
-                    _CLOCK["eval"] += now - _CLOCK["last_train"]
                 rewards = [float(r.get(("next", "agents", "reward")).sum(0).mean())
                            for r in rollouts]  # fmt: skip
                 CURVE.append({"frames": self.experiment.total_frames,
-                              "train_seconds": now - _CLOCK["t0"] - _CLOCK["eval"],
-                              "eval_reward": statistics.fmean(rewards)})  # fmt: skip
+                              **_clock_eval_end(), "eval_reward": statistics.fmean(rewards)})  # fmt: skip
 
         _Curve.__qualname__ = "_Curve"
         globals()["_Curve"] = _Curve
     return _Curve()
 
 
-def _benchmarl(task: str, algo: str, seed: int, frames: int, workdir: Path) -> list[dict]:
-    import torch
+def _benchmarl(
+    task: str, algo: str, seed: int, frames: int, eval_every: int, workdir: Path
+) -> list[dict]:
     from benchmarl.algorithms import IppoConfig, MappoConfig
     from benchmarl.environments import VmasTask
     from benchmarl.experiment import Experiment, ExperimentConfig
     from benchmarl.models.mlp import MlpConfig
 
-    torch.set_num_threads(1)
     exp_cfg = ExperimentConfig.get_from_yaml()
     exp_cfg.max_n_frames = frames
-    exp_cfg.evaluation_interval = 12_000
+    exp_cfg.evaluation_interval = eval_every
     exp_cfg.loggers = ["csv"]
     exp_cfg.render = False
     exp_cfg.create_json = False
@@ -196,35 +227,63 @@ def _benchmarl(task: str, algo: str, seed: int, frames: int, workdir: Path) -> l
     return CURVE
 
 
-def _rlstash_learn(task: str, algo: str, seed: int, frames: int, workdir: Path) -> list[dict]:
-    import csv
-
+def _rlstash_learn(
+    task: str, algo: str, seed: int, frames: int, eval_every: int, workdir: Path
+) -> list[dict]:
+    import rlstash.train.drive as drive_mod
+    import rlstash.train.loop as loop_mod
     from rlstash.train.config import TrainConfig
     from rlstash.train.loop import train
 
+    # the same clock as BenchMARL's callback: started when the training loop starts (after
+    # set-up), each evaluation excluded from its start to its end
+    drive, evaluate = loop_mod.drive, drive_mod._evaluate
+
+    def timed_drive(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        _CLOCK.update(_clock_start())
+        return drive(*a, **k)
+
+    def timed_evaluate(run, log):  # noqa: ANN001, ANN202
+        _CLOCK["mark"], _CLOCK["mark_cpu"] = time.perf_counter(), time.process_time()
+        evaluate(run, log)
+        CURVE.append({"frames": run.step, **_clock_eval_end(),
+                      "eval_reward": run.evals[-1]["return_mean"],
+                      "rlstash_train_seconds": run.train_seconds})  # fmt: skip
+
+    loop_mod.drive, drive_mod._evaluate = timed_drive, timed_evaluate
     cfg = TrainConfig(algo=algo, env=f"vmas/{task}", steps=frames, seed=seed, device="cpu",
-                      eval_every=12_000, eval_episodes=10, checkpoint_every=10**9,
+                      eval_every=eval_every, eval_episodes=10, checkpoint_every=10**9,
                       run_dir=str(workdir), name=f"{algo}-{task}-s{seed}", quiet=True,
                       agent={"agent_id": False})  # fmt: skip
-    result = train(cfg)
-    path = result.run_dir / "eval.csv"
-    rows = list(csv.DictReader(path.open())) if path.exists() else []
-    return [{"frames": int(r["step"]), "train_seconds": float(r["train_seconds"]),
-             "eval_reward": float(r["return_mean"])} for r in rows]  # fmt: skip
+    train(cfg)
+    return CURVE
 
 
 def cmd_one(args: argparse.Namespace) -> None:
-    """One (side, seed) run in this process; its curve to --out."""
+    """One (side, seed) run in this process; its curve to --out. One torch thread on both
+    sides, set here before either builds anything; the process's CPU seconds are recorded
+    beside its wall seconds (their ratio: the share of one core it got)."""
     import tempfile
 
+    import torch
+
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
     fn = _benchmarl if args.side == "benchmarl" else _rlstash_learn
+    load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        curve = fn(args.task, args.algo, args.seed, args.frames, Path(tmp))
+        curve = fn(args.task, args.algo, args.seed, args.frames, args.eval_every, Path(tmp))
         wall = time.perf_counter() - t0
+    use = resource.getrusage(resource.RUSAGE_SELF)
     Path(args.out).write_text(json.dumps({"side": args.side, "task": args.task, "algo": args.algo,
                                           "seed": args.seed, "frames": args.frames,
-                                          "wall_seconds": wall, "curve": curve}))  # fmt: skip
+                                          "eval_every": args.eval_every,
+                                          "threads": torch.get_num_threads(),
+                                          "wall_seconds": wall,
+                                          "cpu_seconds": use.ru_utime + use.ru_stime,
+                                          "load_before": load0, "load_after": os.getloadavg(),
+                                          "iters": ITERS, "curve": curve}))  # fmt: skip
 
 
 def cmd_learn(args: argparse.Namespace) -> None:
@@ -237,26 +296,119 @@ def cmd_learn(args: argparse.Namespace) -> None:
             out = RESULTS / f"marl-{args.algo}-{args.task}-{side}-s{seed}.json"
             cmd = [sys.executable, __file__, "one", "--side", side, "--task", args.task,
                    "--algo", args.algo, "--seed", str(seed), "--frames", str(args.frames),
-                   "--out", str(out)]  # fmt: skip
+                   "--eval-every", str(args.eval_every), "--out", str(out)]  # fmt: skip
             print(" ".join(cmd), flush=True)
-            procs.append(subprocess.Popen(cmd))
+            procs.append(subprocess.Popen(cmd, start_new_session=True))
         for proc in procs:
             proc.wait()
 
 
+def _learn_runs() -> dict[tuple[str, str], dict[str, dict[int, dict]]]:
+    """The learning runs on disk: {(algo, task): {side: {seed: run}}}."""
+    out: dict[tuple[str, str], dict[str, dict[int, dict]]] = {}
+    for path in sorted(RESULTS.glob("marl-*-s*.json")):
+        r = json.loads(path.read_text())
+        if path.name != f"marl-{r['algo']}-{r['task']}-{r['side']}-s{r['seed']}.json":
+            continue  # an earlier run kept under another name
+        out.setdefault((r["algo"], r["task"]), {}).setdefault(r["side"], {})[r["seed"]] = r
+    return out
+
+
+def _at(run: dict, frames: int) -> dict | None:
+    return next((c for c in run["curve"] if c["frames"] == frames), None)
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _reward_verdict(bm: list[float], rl: list[float]) -> str:
+    mb, mr = statistics.median(bm), statistics.median(rl)
+    if mr >= mb:
+        return "rlstash >= BenchMARL"
+    if len(bm) > 1 and mr >= min(bm):
+        return "below, within BenchMARL's seed range"
+    return "BELOW" + ("" if len(bm) > 1 else " (one seed: no noise estimate)")
+
+
+def _group_report(algo: str, task: str, sides: dict[str, dict[int, dict]]) -> list[str]:
+    bm_runs, rl_runs = sides.get("benchmarl", {}), sides.get("rlstash", {})
+    seeds = sorted(set(bm_runs) & set(rl_runs))
+    title = f"### {algo.upper()} on vmas/{task}: seeds {', '.join(map(str, seeds))}"
+    if not seeds:
+        return [title, "", "(no seed with both sides finished)"]
+    frames = sorted(
+        {c["frames"] for s in seeds for r in (bm_runs[s], rl_runs[s]) for c in r["curve"]}
+    )
+    head = "| frames | " + " | ".join(f"BenchMARL s{s} | rlstash s{s}" for s in seeds)
+    lines = [title, "", "Evaluation reward (deterministic, 10 episodes) at equal frames:", "",
+             head + " | median BenchMARL | median rlstash | verdict |",
+             "|---" * (2 * len(seeds) + 4) + "|"]  # fmt: skip
+    rows_r, rows_t = [], []
+    for f in frames:
+        bm = [_at(bm_runs[s], f) for s in seeds]
+        rl = [_at(rl_runs[s], f) for s in seeds]
+        cells = [x for b, r in zip(bm, rl) for x in (b, r)]
+        rew = [_fmt(c and c["eval_reward"], ".3f") for c in cells]
+        both = all(b is not None and r is not None for b, r in zip(bm, rl))
+        if both:
+            bv, rv = [b["eval_reward"] for b in bm], [r["eval_reward"] for r in rl]
+            tail = [f"{statistics.median(bv):.3f}", f"{statistics.median(rv):.3f}",
+                    _reward_verdict(bv, rv)]  # fmt: skip
+        else:
+            tail = ["-", "-", "(not on both sides for every seed)"]
+        rows_r.append(f"| {f:,} | " + " | ".join(rew + tail) + " |")
+        ratios = [r["train_seconds"] / b["train_seconds"] for b, r in zip(bm, rl) if b and r]
+        secs = []
+        for b, r in zip(bm, rl):
+            secs += [_fmt(b and b["train_seconds"], ".0f"), _fmt(r and r["train_seconds"], ".0f"),
+                     _fmt(b and r and r["train_seconds"] / b["train_seconds"], ".2f")]  # fmt: skip
+        med = f"{statistics.median(ratios):.2f}" if len(ratios) == len(seeds) else "-"
+        rows_t.append(f"| {f:,} | " + " | ".join(secs) + f" | {med} |")
+    lines += rows_r
+    lines += ["", "Training seconds (evaluation excluded on both sides) at equal frames, and "
+              "rlstash / BenchMARL:", "",
+              "| frames | " + " | ".join(f"BenchMARL s{s} | rlstash s{s} | ratio s{s}"
+                                        for s in seeds) + " | median ratio |",
+              "|---" * (3 * len(seeds) + 2) + "|", *rows_t]  # fmt: skip
+    lines += ["", "At equal training seconds: each BenchMARL evaluation beside rlstash's latest "
+              "evaluation within the same training seconds:", "",
+              "| seed | BenchMARL frames | BenchMARL s | BenchMARL reward | rlstash frames | "
+              "rlstash s | rlstash reward |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for s in seeds:
+        for b in bm_runs[s]["curve"]:
+            done = [c for c in rl_runs[s]["curve"] if c["train_seconds"] <= b["train_seconds"]]
+            r = done[-1] if done else None
+            lines.append(f"| {s} | {b['frames']:,} | {b['train_seconds']:.0f} | "
+                         f"{b['eval_reward']:.3f} | {_fmt(r and r['frames'], ',')} | "
+                         f"{_fmt(r and r['train_seconds'], '.0f')} | "
+                         f"{_fmt(r and r['eval_reward'], '.3f')} |")  # fmt: skip
+    lines += ["", "Runs (per seed the two sides ran side by side, started together):", ""]
+    for s in seeds:
+        for side, r in (("BenchMARL", bm_runs[s]), ("rlstash", rl_runs[s])):
+            lb, la = r.get("load_before"), r.get("load_after")
+            load = (
+                f"load {lb[0]:.1f} before, {la[0]:.1f} after" if lb and la else "load not recorded"
+            )
+            cpu = r.get("cpu_seconds")
+            share = f", {cpu:.0f} CPU s ({cpu / r['wall_seconds']:.2f} of a core)" if cpu else ""
+            last = r["curve"][-1] if r["curve"] else {}
+            tcpu = last.get("train_cpu_seconds")
+            tcpu = f", {tcpu:.0f} training CPU s to {last['frames']:,} frames" if tcpu else ""
+            lines.append(f"- s{s} {side}: {r['frames']:,} frames, {r['wall_seconds']:.0f} s wall "
+                         f"whole run{share}{tcpu}, {r.get('threads', '?')} torch thread(s); "
+                         f"{load}")  # fmt: skip
+    return lines
+
+
 def cmd_report(args: argparse.Namespace) -> None:
-    """Print the learning curves and the collection numbers as markdown tables."""
-    runs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("marl-*-s*.json"))]
-    lines = ["| side | algo | task | seed | frames | train s | eval reward |", "|---" * 7 + "|"]
-    for r in runs:
-        for c in r["curve"]:
-            lines.append(f"| {r['side']} | {r['algo']} | {r['task']} | {r['seed']} | "
-                         f"{c['frames']:,} | {c['train_seconds']:.0f} | {c['eval_reward']:.3f} |")  # fmt: skip
-    for r in runs:
-        lines.append(f"\n{r['side']} s{r['seed']}: {r['frames']:,} frames, whole run "
-                     f"{r['wall_seconds']:.0f} s wall")  # fmt: skip
+    """The learning tables (per algo and task) and the collection numbers as markdown; with
+    --write, they replace the part of bench/results/marl.md between the report markers."""
+    lines: list[str] = []
+    for (algo, task), sides in sorted(_learn_runs().items()):
+        lines += [*_group_report(algo, task, sides), ""]
     path = RESULTS / "marl-collect.json"
-    if path.exists():
+    if path.exists() and not args.write:  # marl.md keeps its own collection section
         c = json.loads(path.read_text())
         m = c["median"]
         lines += ["", f"collection, VMAS navigation {c['envs']:,} envs x 3 agents, {c['steps']} "
@@ -266,7 +418,14 @@ def cmd_report(args: argparse.Namespace) -> None:
                   f"| {m['vmas']:,.0f} | {m['rlstash']:,.0f} | {m['torchrl']:,.0f} | "
                   f"{m['rlstash'] / m['vmas']:.2f}x | {m['rlstash'] / m['torchrl']:.2f}x |",
                   "", f"bytes per env step: {c['bytes_per_env_step']}"]  # fmt: skip
-    print("\n".join(lines))
+    text = "\n".join(lines)
+    if not args.write:
+        print(text)
+        return
+    md = RESULTS / "marl.md"
+    doc = md.read_text()
+    a, b = doc.index(REPORT_START) + len(REPORT_START), doc.index(REPORT_END)
+    md.write_text(doc[:a] + "\n" + text + "\n" + doc[b:])
 
 
 def main() -> None:
@@ -282,7 +441,13 @@ def main() -> None:
         s = sub.add_parser(name)
         s.add_argument("--task", default="navigation", choices=sorted(TASKS))
         s.add_argument("--algo", default="mappo", choices=("mappo", "ippo"))
-        s.add_argument("--frames", type=int, default=60_000)
+        s.add_argument("--frames", type=int, default=90_000)
+        s.add_argument(
+            "--eval-every",
+            type=int,
+            default=18_000,
+            help="frames between evaluations, a multiple of 6,000 (both sides)",
+        )
         if name == "learn":
             s.add_argument("--seeds", type=int, nargs="+", default=[0])
         else:
@@ -291,6 +456,7 @@ def main() -> None:
             s.add_argument("--out", required=True)
         s.set_defaults(fn=fn)
     r = sub.add_parser("report")
+    r.add_argument("--write", action="store_true", help="into bench/results/marl.md")
     r.set_defaults(fn=cmd_report)
     args = p.parse_args()
     args.fn(args)
