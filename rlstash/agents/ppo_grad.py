@@ -139,12 +139,18 @@ class Trunk:
 
 
 def _weight_grad(h: torch.Tensor, g: torch.Tensor, out: torch.Tensor) -> None:
-    """out [n, d] = g^T h for g [B, n], h [B, d]; as (h^T g)^T when n > d (a wide product is
-    ~4x cheaper on CPU than a tall one: 4 vs 14 us for [256, 4] inputs of a 64-unit layer)."""
-    if g.shape[1] > h.shape[1]:
-        out.copy_(torch.mm(h.t(), g).t())
+    """out [n, d] = g^T h for g [B, n], h [B, d] (:func:`transposed_product`)."""
+    transposed_product(g, h, out)
+
+
+def transposed_product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    """out [p, q] = a^T b for a [B, p], b [B, q]; as (b^T a)^T when p > q (a wide product is
+    ~4x cheaper on CPU than a tall one: 4 vs 14 us for [256, 4] inputs of a 64-unit layer;
+    3-5x for a [1200, 256] x [1200, 4] head)."""
+    if a.shape[1] > b.shape[1]:
+        out.copy_(torch.mm(b.t(), a).t())
     else:
-        torch.mm(g.t(), h, out=out)
+        torch.mm(a.t(), b, out=out)
 
 
 def clipped_surrogate(
