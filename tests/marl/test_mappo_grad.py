@@ -37,13 +37,13 @@ def _agent(case: str, backward: str) -> MAPPO:
         share_params=share,
         agent_id=agent_id,
         minibatch_size=8,
-        n_epochs=3,
+        n_epochs=2,
         learning_rate=3e-3,
         clip_range=0.05,
         seed=2,
         compile=False,
     )
-    settings.update(extra)  # fmt: skip
+    settings.update(extra)
     cfg = config_cls(**settings, backward=backward)
     kw = {"state_dim": S} if state else {}
     if discrete:
@@ -86,7 +86,7 @@ def _state(agent: MAPPO) -> list[torch.Tensor]:
 def test_written_update_equals_autograd(case: str) -> None:
     ref, fast = _agent(case, "autograd"), _agent(case, "auto")
     assert ref.written_grad() is None and isinstance(fast.written_grad(), MAPPOGrad)
-    for i in range(3):
+    for i in range(2):
         data = _data(ref, i)
         out_r, out_f = ref.learn(data), fast.learn(data)
         for key in METRICS:
