@@ -33,7 +33,11 @@ generator sequence as one per pass), each pass gathers its shuffled rows once (m
 contiguous slices), Adam is the fused kernel on each flat vector without ``torch.optim``'s
 per-step Python, and with ``compile`` (PPOConfig's setting, same meaning) each minibatch is one
 ``torch.compile``d step: the losses, their gradient by ``torch.func`` over both flat vectors,
-clipping and Adam in place (:mod:`rlstash.agents.compiled`).
+clipping and Adam in place (:mod:`rlstash.agents.compiled`). By default (``backward='auto'``)
+the gradient is written out instead of taken by autograd (:mod:`rlstash.agents.marl_grad`:
+the same update to float rounding, at the compiled step's speed on CPU without compiling, so
+``compile='auto'`` stays on it there); ``repr(agent)`` and :attr:`MAPPO.update_path` say
+which path runs.
 """
 
 from __future__ import annotations
