@@ -75,20 +75,19 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    runs = {}
-    for p in sorted(RESULTS.glob("marl_grad-*-s*.json")):
-        r = json.loads(p.read_text())
-        runs[r["side"]] = r
-    base = {c["frames"]: c["train_seconds"] for c in runs.get("benchmarl", {}).get("curve", [])}
-    lines = ["| side | frames | train s | / BenchMARL | eval reward |", "|---" * 5 + "|"]
-    for side, r in runs.items():
+    runs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("marl_grad-*-s*.json"))]
+    runs.sort(key=lambda r: (r["seed"], list(SIDES).index(r["side"])))
+    base = {(r["seed"], c["frames"]): c["train_seconds"]
+            for r in runs if r["side"] == "benchmarl" for c in r["curve"]}  # fmt: skip
+    lines = ["| seed | side | frames | train s | / BenchMARL | eval reward |", "|---" * 6 + "|"]
+    for r in runs:
         for c in r["curve"]:
-            b = base.get(c["frames"])
-            ratio = f"{c['train_seconds'] / b:.2f}x" if b and side != "benchmarl" else ""
-            lines.append(f"| {side} | {c['frames']:,} | {c['train_seconds']:.0f} | {ratio} | "
-                         f"{c['eval_reward']:.3f} |")  # fmt: skip
-    for side, r in runs.items():
-        lines.append(f"\n{side} s{r['seed']}: {r['frames']:,} frames, whole run "
+            b = base.get((r["seed"], c["frames"]))
+            ratio = f"{c['train_seconds'] / b:.2f}x" if b and r["side"] != "benchmarl" else ""
+            lines.append(f"| {r['seed']} | {r['side']} | {c['frames']:,} | "
+                         f"{c['train_seconds']:.0f} | {ratio} | {c['eval_reward']:.3f} |")  # fmt: skip
+    for r in runs:
+        lines.append(f"\n{r['side']} s{r['seed']}: {r['frames']:,} frames, whole run "
                      f"{r['wall_seconds']:.0f} s wall")  # fmt: skip
     print("\n".join(lines))
 
