@@ -1,27 +1,33 @@
 """MAPPO/IPPO update speed at BenchMARL's sizes: Adam steps per second of the update loop.
 
-Three ways to run the same update (the same losses, the same Adam) on one BenchMARL batch
-(6,000 env steps x 3 agents, minibatch 400: 15 Adam steps per pass, 45 passes = 675 per
-iteration; [256, 256] tanh MLPs, actor and critic):
+Ways to run the same update (the same losses, the same Adam) on one BenchMARL batch (6,000 env
+steps x 3 agents, minibatch 400: 15 Adam steps per pass, 45 passes = 675 per iteration;
+[256, 256] tanh MLPs, actor and critic), chosen with ``--variants`` (ratios are to the first):
 
-* ``plain``: the loop before this change (a randperm per pass, a gather per minibatch, autograd,
-  ``torch.optim.Adam.step``): the same arithmetic as BenchMARL's (TorchRL's) update;
-* ``eager``: ``MAPPO.learn`` with ``compile=False`` (permutations up front, one gather per
-  pass, fused Adam kernel called directly);
-* ``compiled``: ``MAPPO.learn`` with ``compile=True`` (inductor; compiled before timing).
+* ``plain``: the loop before the fast update (a randperm per pass, a gather per minibatch,
+  autograd, ``torch.optim.Adam.step``): the same arithmetic as BenchMARL's (TorchRL's) update;
+* ``eager``: ``MAPPO.learn`` with ``compile=False, backward='autograd'`` (permutations up front,
+  one gather per pass, fused Adam kernel called directly);
+* ``compiled``: ``MAPPO.learn`` with ``compile=True`` (inductor; compiled before timing);
+* ``written``: ``MAPPO.learn`` with the gradient written out (``backward='written'``,
+  :mod:`rlstash.agents.marl_grad`); ``written-torch-tanh``: the same with torch's tanh instead
+  of 2 sigmoid(2z) - 1.
 
 Rounds are interleaved (each round times one pass of each, in rotating order); medians.
-One torch thread (as bench/marl.py runs both sides). Run: ``python bench/marl_update.py``.
+One torch thread (as bench/marl.py runs both sides). Run: ``python bench/marl_update.py``
+(from the repository root with ``PYTHONPATH=.``, so the worktree's rlstash is the one timed).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
 import torch
 
+from rlstash.agents import ppo_grad
 from rlstash.agents.mappo import MAPPO, IPPOConfig, MAPPOConfig
 
 A, OBS, ACT, ROWS, MB = 3, 18, 2, 6000, 400  # VMAS navigation: 3 agents, 18 obs floats
@@ -34,9 +40,10 @@ CASES = {  # name: (config class, share_params, discrete)
 }
 
 
-def make(case: str, compile_: bool) -> MAPPO:
+def make(case: str, compile_: bool, backward: str = "autograd") -> MAPPO:
     cls, share, discrete = CASES[case]
-    cfg = cls(n_epochs=1, minibatch_size=MB, share_params=share, agent_id=False, compile=compile_)
+    cfg = cls(n_epochs=1, minibatch_size=MB, share_params=share, agent_id=False, compile=compile_,
+              backward=backward)  # fmt: skip
     if discrete:
         return MAPPO(A, OBS, n_actions=5, config=cfg)
     return MAPPO(A, OBS, bounds=(-torch.ones(ACT), torch.ones(ACT)), config=cfg)
@@ -73,38 +80,80 @@ def plain_pass(agent: MAPPO, data: dict[str, torch.Tensor]) -> None:
         agent.critic_opt.opt.step()
 
 
+@contextlib.contextmanager
+def torch_tanh():
+    """The written gradient with torch's tanh instead of 2 sigmoid(2z) - 1."""
+    saved = ppo_grad.SIGMOID_TANH
+    ppo_grad.SIGMOID_TANH = ()
+    try:
+        yield
+    finally:
+        ppo_grad.SIGMOID_TANH = saved
+
+
+VARIANTS = {  # name: (compile, backward, context of each pass)
+    "plain": None,
+    "eager": (False, "autograd", contextlib.nullcontext),
+    "compiled": (True, "autograd", contextlib.nullcontext),
+    "written": (False, "written", contextlib.nullcontext),
+    "written-torch-tanh": (False, "written", torch_tanh),
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--cases", default=",".join(CASES))
-    args = ap.parse_args()
+    ap.add_argument(
+        "--variants",
+        default="plain,compiled,written",
+        help=f"comma-separated, of {','.join(VARIANTS)}; ratios are to the first",
+    )
+    args = ap.parse_args()  # fmt: skip
     torch.set_num_threads(1)
     steps = ROWS // MB
-    print("| case | plain steps/s | eager steps/s | compiled steps/s | eager/plain | "
-          "compiled/plain | s/iter plain | s/iter eager | s/iter compiled | compile s |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    names = args.variants.split(",")
+    base = names[0]
+    head = " | ".join(f"{n} steps/s" for n in names)
+    ratios = " | ".join(f"{n}/{base}" for n in names[1:])
+    iters = " | ".join(f"s/iter {n}" for n in names)
+    print(f"| case | {head} | {ratios} | {iters} | compile s |")
+    print("|---" * (1 + 3 * len(names)) + "|")
     for case in args.cases.split(","):
-        agents = {"plain": make(case, False), "eager": make(case, False),
-                  "compiled": make(case, True)}  # fmt: skip
-        data = batch(agents["plain"])
-        runs = {"plain": lambda ag=agents, d=data: plain_pass(ag["plain"], d),
-                "eager": lambda ag=agents, d=data: ag["eager"].learn(d),
-                "compiled": lambda ag=agents, d=data: ag["compiled"].learn(d)}  # fmt: skip
+        agents, runs = {}, {}
+        for name in names:
+            spec = VARIANTS[name]
+            if spec is None:
+                agents[name] = make(case, False)
+            else:
+                agents[name] = make(case, spec[0], spec[1])
+        data = batch(agents[names[0]])
+        for name in names:
+            spec, agent = VARIANTS[name], agents[name]
+            if spec is None:
+                runs[name] = lambda ag=agent, d=data: plain_pass(ag, d)
+            else:
+
+                def run(ag=agent, d=data, ctx=spec[2]):
+                    with ctx():
+                        ag.learn(d)
+
+                runs[name] = run
         for run in runs.values():  # warm-up (the compiled one compiles here)
             run()
         rates: dict[str, list[float]] = {name: [] for name in runs}
-        names = list(runs)
+        k = len(names)
         for r in range(args.rounds):
-            for name in names[r % 3 :] + names[: r % 3]:
+            for name in names[r % k :] + names[: r % k]:
                 start = time.perf_counter()
                 runs[name]()
                 rates[name].append(steps / (time.perf_counter() - start))
         med = {name: statistics.median(v) for name, v in rates.items()}
-        print(f"| {case} | {med['plain']:.1f} | {med['eager']:.1f} | {med['compiled']:.1f} | "
-              f"{med['eager'] / med['plain']:.2f}x | {med['compiled'] / med['plain']:.2f}x | "
-              f"{STEPS_PER_ITER / med['plain']:.1f} | {STEPS_PER_ITER / med['eager']:.1f} | "
-              f"{STEPS_PER_ITER / med['compiled']:.1f} | "
-              f"{agents['compiled'].compile_seconds:.0f} |", flush=True)  # fmt: skip
+        comp = max(a.compile_seconds for a in agents.values())
+        print(f"| {case} | " + " | ".join(f"{med[n]:.1f}" for n in names) + " | "
+              + " | ".join(f"{med[n] / med[base]:.2f}x" for n in names[1:]) + " | "
+              + " | ".join(f"{STEPS_PER_ITER / med[n]:.1f}" for n in names)
+              + f" | {comp:.0f} |", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -33,7 +33,11 @@ generator sequence as one per pass), each pass gathers its shuffled rows once (m
 contiguous slices), Adam is the fused kernel on each flat vector without ``torch.optim``'s
 per-step Python, and with ``compile`` (PPOConfig's setting, same meaning) each minibatch is one
 ``torch.compile``d step: the losses, their gradient by ``torch.func`` over both flat vectors,
-clipping and Adam in place (:mod:`rlstash.agents.compiled`).
+clipping and Adam in place (:mod:`rlstash.agents.compiled`). By default (``backward='auto'``)
+the gradient is written out instead of taken by autograd (:mod:`rlstash.agents.marl_grad`:
+the same update to float rounding, at the compiled step's speed on CPU without compiling, so
+``compile='auto'`` stays on it there); ``repr(agent)`` and :attr:`MAPPO.update_path` say
+which path runs.
 """
 
 from __future__ import annotations
@@ -60,10 +64,12 @@ from rlstash.agents.base import (
 )
 from rlstash.agents.compiled import CompiledStep, FlatAdam, Functional
 from rlstash.agents.gae import gae
+from rlstash.agents.marl_grad import MAPPOGrad, unsupported
 from rlstash.agents.marl_nets import AgentMLP, biased_softplus, with_agent_id
 from rlstash.settings import check_types
 from rlstash.storage.marl_rollout import MultiAgentRollout
 
+BACKWARDS = ("auto", "written", "autograd")
 METRICS = ("policy_loss", "value_loss", "approx_kl", "clip_fraction", "actor_grad_norm",
            "critic_grad_norm")  # fmt: skip
 
@@ -94,11 +100,20 @@ class MAPPOConfig(ConfigMixin):
     total_steps: int = hp(1_000_000, "Env steps of the run (informational).")
     seed: int = hp(0, "Seed of the network init and of the policy's sampling.")
     compile: bool | str = hp(COMPILE_DEFAULT, COMPILE_HELP)
+    backward: str = hp(
+        "auto", "Gradient of the eager update: 'written' (written out, rlstash.agents.marl_grad),"
+        " 'autograd', or 'auto' (written where it applies; on CPU it also stands in for "
+        "compile='auto')."
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         self.net_arch = tuple(self.net_arch)
         check_types(self)
         check_compile(self)
+        if self.backward not in BACKWARDS:
+            raise ValueError(
+                f"backward: expected one of {', '.join(BACKWARDS)}, got {self.backward!r}"
+            )
         check_positive(
             learning_rate=self.learning_rate,
             adam_eps=self.adam_eps,
@@ -170,6 +185,37 @@ class MAPPO:
         self.compile_after_s = compile_after_s()
         self._compiling = False  # compile="auto" decided to compile: it stays compiled
         self._step_fn: CompiledStep | None = None
+        self._written: MAPPOGrad | None = None
+        why = unsupported(self)
+        self.autograd_why = "backward='autograd'" if cfg.backward == "autograd" else why
+        if cfg.backward == "written" and why is not None:
+            raise ValueError(
+                f"backward: 'written' covers AgentMLP actors and critics, this agent has {why};"
+                " use backward='auto' (autograd here) or 'autograd'"
+            )
+
+    def __repr__(self) -> str:
+        kind = "discrete" if self.n_actions is not None else "continuous"
+        params = "shared" if self.config.share_params else "per-agent"
+        return (f"{self.algo.upper()}(agents={self.n_agents}, {kind}, {params} parameters, "
+                f"update={self.update_path})")  # fmt: skip
+
+    @property
+    def update_path(self) -> str:
+        """How :meth:`learn` computes its gradient now: 'compiled', 'written' or 'autograd
+        (<why>)'."""
+        if self._compiling or self.config.compile is True:
+            return "compiled"
+        return "written" if self.autograd_why is None else f"autograd ({self.autograd_why})"
+
+    def written_grad(self) -> MAPPOGrad | None:
+        """The written-out gradient (:mod:`rlstash.agents.marl_grad`) over the current
+        optimizer groups, or None where autograd computes it (``autograd_why``)."""
+        if self.autograd_why is not None:
+            return None
+        if self._written is None or self._written.groups != (self.actor_opt, self.critic_opt):
+            self._written = MAPPOGrad(self)
+        return self._written
 
     @property
     def compile_seconds(self) -> float:
@@ -190,16 +236,22 @@ class MAPPO:
         loc, raw = out.chunk(2, -1)
         return loc, biased_softplus(raw)
 
-    def values(self, obs: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
-        """V [..., A] of observations [..., A, D] (and the global state [..., S])."""
+    def _critic_in(self, obs: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
+        """The critic's input [..., A, D'], or [..., 1, S] where the value is computed once
+        per env for all its agents."""
         cfg = self.config
         if not cfg.centralised:
-            return self.critic(self._actor_in(obs)).squeeze(-1)
+            return self._actor_in(obs)
         g = state if state is not None else obs.flatten(-2)  # [..., S] or [..., A * D]
         if self._critic_once:
-            return self.critic(g[..., None, :]).squeeze(-1).expand(*obs.shape[:-1])
+            return g[..., None, :]
         g = g[..., None, :].expand(*obs.shape[:-1], g.shape[-1])  # [..., A, S]
-        return self.critic(self._actor_in(g) if cfg.share_params else g).squeeze(-1)
+        return self._actor_in(g) if cfg.share_params else g
+
+    def values(self, obs: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
+        """V [..., A] of observations [..., A, D] (and the global state [..., S])."""
+        v = self.critic(self._critic_in(obs, state)).squeeze(-1)
+        return v.expand(*obs.shape[:-1]) if self._critic_once else v
 
     def log_prob(
         self, obs: torch.Tensor, action: torch.Tensor, action_mask: torch.Tensor | None = None
@@ -326,6 +378,11 @@ class MAPPO:
                 self._step_fn = CompiledStep(self._step, self.compile_timer, key)
             return self._step_fn(mb)
         start = time.perf_counter()
+        written = self.written_grad()
+        if written is not None:
+            row = written.step(mb)
+            self.eager_update_s += time.perf_counter() - start
+            return row
         cfg = self.config
         out = self.losses(mb)
         self.actor_opt.flat.zero_grad()
@@ -343,6 +400,8 @@ class MAPPO:
         mode = self.config.compile
         if mode != "auto":
             return bool(mode)
+        if self.device.type == "cpu" and self.written_grad() is not None:
+            return False  # the written gradient outruns the compiled step on CPU
         if not self._compiling and self.eager_update_s >= self.compile_after_s:
             self._compiling = True
         return self._compiling

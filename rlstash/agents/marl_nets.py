@@ -72,8 +72,12 @@ def with_agent_id(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, eye], -1)
 
 
+def softplus_offset(bias: float = 1.0, min_val: float = 1e-4) -> float:
+    """The b of :func:`biased_softplus`: softplus(0 + b) + min_val = ``bias``."""
+    return math.log(math.expm1(bias - min_val))
+
+
 def biased_softplus(x: torch.Tensor, bias: float = 1.0, min_val: float = 1e-4) -> torch.Tensor:
     """softplus(x + b) + min_val with b chosen so that x = 0 maps to ``bias``: BenchMARL's
     ``biased_softplus_1.0`` scale mapping of tanh-normal policies."""
-    b = math.log(math.expm1(bias - min_val))
-    return torch.nn.functional.softplus(x + b) + min_val
+    return torch.nn.functional.softplus(x + softplus_offset(bias, min_val)) + min_val
