@@ -3,7 +3,7 @@
 alone, and rlstash's collector into a StreamStorage over each; interleaved, medians, ratios.
 
     .venv-atari/bin/python bench/collect_atari_backends.py [--games Pong,Breakout]
-        [--n 8,32] [--reps 3] [--target-s 1.0] [--out bench/results/collect_atari.md]
+        [--n 8,32] [--reps 5] [--target-s 1.0] [--out bench/results/collect_atari.md]
 
 ``.venv-atari`` is made by ``python3 bench/setup_atari.py`` (rlstash with its ``atari`` and
 ``envpool`` extras). Each cell (game, N) runs in a fresh process: its peers are built first,
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -88,8 +87,8 @@ def _collecting(env, n: int):
     collector = Collector(env, lambda obs: torch.as_tensor(sample()), n * T, device="cpu")
     collector.reset(seed=0)
 
-    def run(k: int) -> None:  # k steps of the N envs, in whole Collector batches
-        for _ in range(math.ceil(k / T)):
+    def run(k: int) -> None:  # k Collector batches of T steps of the N envs (rates x T)
+        for _ in range(k):
             collector.collect_into(store)
 
     return run
@@ -134,7 +133,7 @@ def cell(game: str, n: int, reps: int, target_s: float) -> dict:
 
     torch.set_num_threads(1)
     env_id, cores = f"ALE/{game}-v5", usable_cpus()
-    runs, closers, notes, errors = {}, [], {}, {}
+    runs, closers, notes, errors, steps = {}, [], {}, {}, {}
     for peer in PEERS:
         try:
             if peer.startswith("gym-pool"):
@@ -152,6 +151,7 @@ def cell(game: str, n: int, reps: int, target_s: float) -> dict:
             errors[peer] = f"{type(exc).__name__}: {exc}"[:200]
             continue
         runs[peer], closers = run, [*closers, close]
+        steps[peer] = n * (T if peer.endswith("-stream") else 1)  # env steps per run(1)
     try:
         from collect_peers import _exclude_descendants
 
@@ -163,8 +163,8 @@ def cell(game: str, n: int, reps: int, target_s: float) -> dict:
             close()
     return {
         "game": game, "n": n,
-        "rates": {k: t.median * n for k, t in timings.items()},
-        "all": {k: [r * n for r in t.rates] for k, t in timings.items()},
+        "rates": {k: t.median * steps[k] for k, t in timings.items()},
+        "all": {k: [r * steps[k] for r in t.rates] for k, t in timings.items()},
         "notes": notes, "errors": errors, "others_load": getattr(meter, "others", None),
     }  # fmt: skip
 
@@ -240,7 +240,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--games", default="Pong,Breakout")
     ap.add_argument("--n", default="8,32")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--target-s", type=float, default=1.0)
     ap.add_argument("--out", default=str(HERE / "results" / "collect_atari.md"))
     ap.add_argument("--cell", default=None, help=argparse.SUPPRESS)

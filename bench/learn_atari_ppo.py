@@ -87,7 +87,9 @@ def run_rlstash_ppo(env_id: str, seed: int, budget: int) -> dict:
             while run.step < budget:
                 step({})
             wall, cpu = time.perf_counter() - t0, tree_cpu() - c0
-            note = f"{run.env.num_workers} workers + {run.env.caller_envs} envs in the caller"
+            pool = run.env
+            note = (f"{getattr(pool, 'num_workers', '?')} workers + "
+                    f"{getattr(pool, 'caller_envs', '?')} envs in the caller")  # fmt: skip
             frames = run.step
         finally:
             run.close()
@@ -134,10 +136,8 @@ def run_cleanrl(game: str, seed: int, budget: int) -> dict:
            "--total-timesteps", str(budget), "--seed", str(seed)]  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="cleanrl-") as tmp:  # its runs/ (TensorBoard)
-        out = subprocess.run(cmd, cwd=CLEANRL, env={**env, "PYTHONPATH": ""},
-                             capture_output=True, text=True, timeout=3 * 3600)  # fmt: skip
-        del tmp
+    out = subprocess.run(cmd, cwd=CLEANRL, env=env, capture_output=True, text=True,
+                         timeout=3 * 3600)  # its TensorBoard runs/ lands in bench/.work/cleanrl
     whole = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:
