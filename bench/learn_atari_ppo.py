@@ -87,9 +87,8 @@ def run_rlstash_ppo(env_id: str, seed: int, budget: int) -> dict:
             while run.step < budget:
                 step({})
             wall, cpu = time.perf_counter() - t0, tree_cpu() - c0
-            pool = run.env
-            note = (f"{getattr(pool, 'num_workers', '?')} workers + "
-                    f"{getattr(pool, 'caller_envs', '?')} envs in the caller")  # fmt: skip
+            workers = getattr(run.env, "num_workers", "?")  # rlstash train's --workers 0
+            note = "envs in-process" if workers == 0 else f"{workers} env workers"
             frames = run.step
         finally:
             run.close()
@@ -132,7 +131,8 @@ def run_cleanrl(game: str, seed: int, budget: int) -> dict:
     if not script.exists():
         return {"error": f"{script} missing: run bench/learn_atari.py --part ppo (fetches it)"}
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    cmd = [sys.executable, CLEANRL_SCRIPT, "--env-id", f"{game}-v5",
+    py = ROOT / ".venv-cleanrl" / "bin" / "python"  # bench/setup_atari_cleanrl.py
+    cmd = [str(py) if py.exists() else sys.executable, CLEANRL_SCRIPT, "--env-id", f"{game}-v5",
            "--total-timesteps", str(budget), "--seed", str(seed)]  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
