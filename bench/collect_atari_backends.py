@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -182,14 +183,19 @@ def render(cells: list[dict], info: dict, cmd: str, load: tuple[str, str]) -> st
         "",
         *common.header_lines(info),
         "",
+        "(`torch_threads` is the parent's; each cell's process runs 1.)",
+        "",
         "Agent steps/s (one step = 4 ALE frames), median of the interleaved repetitions; "
         "frames/s is 4x; in brackets the ratio to EnvPool alone with the same preprocessing. "
         "All peers make rlstash's Atari training env (noop 30, frame skip 4 with max-pool, "
         "84x84 grey, sticky 0.25, episodic life, clipped rewards, FIRE on reset; EnvPool "
         "stack_num 1, rlstash stacks 4).",
         "",
-        "| game | N | " + " | ".join(PEERS) + " | others' load (cores) |",
-        "| --- | ---: | " + " | ".join("---:" for _ in PEERS) + " | ---: |",
+        "`spread`: (max - min) / median of each peer's 5 repetitions, the largest in the "
+        "cell: how far one repetition strayed under the load (ratios below that are noise).",
+        "",
+        "| game | N | " + " | ".join(PEERS) + " | others' load (cores) | spread |",
+        "| --- | ---: | " + " | ".join("---:" for _ in PEERS) + " | ---: | ---: |",
     ]
     for c in cells:
         base = c["rates"].get("envpool")
@@ -199,9 +205,10 @@ def render(cells: list[dict], info: dict, cmd: str, load: tuple[str, str]) -> st
             ratio = f" ({r / base:.2f}x)" if r and base else ""
             row.append("–" if r is None else f"{common.fmt_rate(r)}{ratio}")
         load_c = c.get("others_load")
+        spread = max((max(v) - min(v)) / sorted(v)[len(v) // 2] for v in c["all"].values())
         lines.append(
             f"| {c['game']} | {c['n']} | " + " | ".join(row)
-            + f" | {'?' if load_c is None else f'{load_c:.2f}'} |"
+            + f" | {'?' if load_c is None else f'{load_c:.2f}'} | {100 * spread:.0f}% |"
         )  # fmt: skip
     lines += ["", "Frames/s (4 x the above):", ""]
     lines += ["| game | N | " + " | ".join(PEERS) + " |"]
@@ -244,6 +251,7 @@ def main() -> int:
     ap.add_argument("--target-s", type=float, default=1.0)
     ap.add_argument("--out", default=str(HERE / "results" / "collect_atari.md"))
     ap.add_argument("--cell", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--rerender", default=None, help="a run's log: its section written again")
     args = ap.parse_args()
     if args.cell:
         game, n = args.cell.split(":")
@@ -254,6 +262,19 @@ def main() -> int:
     cmd = (f".venv-atari/bin/python bench/collect_atari_backends.py --games {args.games} "
            f"--n {args.n} --reps {args.reps} --target-s {args.target_s}")  # fmt: skip
     before, cells = _uptime(), []
+    if args.rerender:  # the run's stdout: its cells, then its section (the header lines kept)
+        text = Path(args.rerender).read_text()
+        cells = [json.JSONDecoder().raw_decode(line)[0] for line in text.splitlines()
+                 if line.startswith('{"game"')]  # fmt: skip
+        head = text[: text.index("Agent steps/s")].splitlines()
+        info = dict(line[2:].split(": ", 1) for line in head if line.startswith("- "))
+        load = re.search(r"before: (.*?); after: (.*?)\.$", text, re.M)
+        section = render(cells, info, cmd, (load.group(1), load.group(2)))
+        old = Path(args.out).read_text()
+        title = "## Atari frames/s by backend (" + str(info["date"])
+        old = old[: old.index(title)] if title in old else old.rstrip("\n") + "\n\n"
+        Path(args.out).write_text(old + section)
+        return 0
     for game in args.games.split(","):
         for n in args.n.split(","):
             start = time.time()

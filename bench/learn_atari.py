@@ -162,10 +162,10 @@ def run_sb3(env_id: str, seed: int, budget: int, eval_every: int, episodes: int)
     import ale_py
     import gymnasium as gym
     import numpy as np
+    from learn_atari_ppo import tree_cpu
     from stable_baselines3 import DQN
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_atari_env
-    from learn_atari_ppo import tree_cpu
     from stable_baselines3.common.vec_env import VecFrameStack
 
     gym.register_envs(ale_py)

@@ -136,8 +136,9 @@ def run_cleanrl(game: str, seed: int, budget: int) -> dict:
            "--total-timesteps", str(budget), "--seed", str(seed)]  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, cwd=CLEANRL, env=env, capture_output=True, text=True,
-                         timeout=3 * 3600)  # its TensorBoard runs/ lands in bench/.work/cleanrl
+    out = subprocess.run(
+        cmd, cwd=CLEANRL, env=env, capture_output=True, text=True, timeout=3 * 3600
+    )  # its TensorBoard runs/ lands in bench/.work/cleanrl
     whole = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:
@@ -300,7 +301,8 @@ def run_part(part: str, games: list[str], seeds: list[int], budget: int, episode
         title = f"PPO: rlstash vs SB3 vs CleanRL ppo_atari_envpool.py ({started})"
         intro = head + [
             "",
-            "Settings (CleanRL's ppo_atari_envpool.py defaults): `" + json.dumps(SETTINGS)
+            "Settings (CleanRL's ppo_atari_envpool.py defaults): `"
+            + json.dumps(SETTINGS)
             + "` (vf_coef 0.25 = CleanRL's 0.5 x its 0.5 factor). `rlstash`: `rlstash train "
             "--algo ppo` over rlstash's process pool of gymnasium/ALE envs (rlstash refuses "
             "`--env-backend envpool` for PPO: PPO needs same-step autoreset); `sb3`: SB3 PPO "
