@@ -132,6 +132,10 @@ def run_cleanrl(game: str, seed: int, budget: int) -> dict:
         return {"error": f"{script} missing: run bench/learn_atari.py --part ppo (fetches it)"}
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     py = ROOT / ".venv-cleanrl" / "bin" / "python"  # bench/setup_atari_cleanrl.py
+    stamp, waited = ROOT / ".venv-cleanrl" / ".cleanrl-stamp", time.time()
+    while not stamp.exists() and time.time() - waited < float(os.environ.get("CLEANRL_WAIT_S", 0)):
+        time.sleep(10)  # its venv still being set up (the run says how long it waited)
+    waited = time.time() - waited
     cmd = [str(py) if py.exists() else sys.executable, CLEANRL_SCRIPT, "--env-id", f"{game}-v5",
            "--total-timesteps", str(budget), "--seed", str(seed)]  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -147,7 +151,9 @@ def run_cleanrl(game: str, seed: int, budget: int) -> dict:
     steps = budget // (SETTINGS["num_envs"] * SETTINGS["rollout_steps"]) * 1024
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"steps": steps, "train_seconds": steps / sps[-1], "cpu_seconds": cpu,
-            "whole_seconds": whole, "note": "CPU: the whole process, start-up included"}  # fmt: skip
+            "whole_seconds": whole, "waited_for_venv_s": round(waited),
+            "note": "CPU: the whole process, start-up included"
+            + (f"; started {waited:.0f} s after the others (its venv)" if waited > 30 else "")}  # fmt: skip
 
 
 def fetch_cleanrl() -> str:
@@ -249,18 +255,18 @@ def run_part(part: str, games: list[str], seeds: list[int], budget: int, episode
     before, started = _uptime(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     runs: dict = {}
     work = HERE / ".work" / f"learn_atari_{part}.json"
-    for seed in seeds:
-        for game in games:
-            tasks = [{"part": part, "lib": lib, "game": game, "env": f"ALE/{game}-v5",
-                      "seed": seed, "budget": budget, "eval_every": budget,
-                      "episodes": episodes} for lib in libs]  # fmt: skip
-            with ThreadPoolExecutor(len(tasks)) as pool:
-                outs = list(pool.map(lambda t: spawn(t, timeout=3 * 3600), tasks))
-            for lib, out in zip(libs, outs):
-                runs.setdefault(game, {}).setdefault(lib, {})[str(seed)] = out
-                rate = out["steps"] / out["train_seconds"] if "error" not in out else out
-                print(f"{part} {game} {lib} seed {seed}: {rate}", flush=True)
-            dump(work, {"runs": runs, "machine": machine})
+    for seed in seeds:  # every game and lib of a seed at once (one process each)
+        tasks = [{"part": part, "lib": lib, "game": game, "env": f"ALE/{game}-v5",
+                  "seed": seed, "budget": budget, "eval_every": budget,
+                  "episodes": episodes} for game in games for lib in libs]  # fmt: skip
+        with ThreadPoolExecutor(len(tasks)) as pool:
+            outs = list(pool.map(lambda t: spawn(t, timeout=3 * 3600), tasks))
+        for task, out in zip(tasks, outs):
+            game, lib = task["game"], task["lib"]
+            runs.setdefault(game, {}).setdefault(lib, {})[str(seed)] = out
+            rate = out["steps"] / out["train_seconds"] if "error" not in out else out
+            print(f"{part} {game} {lib} seed {seed}: {rate}", flush=True)
+        dump(work, {"runs": runs, "machine": machine})
     after = _uptime()
     cmd = (f"python3 bench/learn_atari.py --part {part} --games {','.join(games)} --seeds "
            f"{','.join(map(str, seeds))} --budget {budget}"
@@ -272,7 +278,7 @@ def run_part(part: str, games: list[str], seeds: list[int], budget: int, episode
         f"{machine.get('envpool')}; one torch thread per run, eager on every side. **The "
         "machine was loaded by other helpers** (2 cores, 8 sessions): load (`uptime`) before "
         f"{before}, after {after}. The runs of one game and seed are started together, one "
-        "process each, so each meets the same load; rates are medians over seeds of agent "
+        "process each (every game of a seed at once), so each meets the same load; rates are medians over seeds of agent "
         "steps/s by the training clock (wall, evaluation excluded) and per CPU second of the "
         "run's process tree (env worker processes included).",
         "",
