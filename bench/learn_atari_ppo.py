@@ -131,12 +131,12 @@ def run_cleanrl(game: str, seed: int, budget: int) -> dict:
     if not script.exists():
         return {"error": f"{script} missing: run bench/learn_atari.py --part ppo (fetches it)"}
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    py = ROOT / ".venv-cleanrl" / "bin" / "python"  # bench/setup_atari_cleanrl.py
+    env["PYTHONPATH"] = str(ROOT / ".venv-cleanrl")  # bench/setup_atari_cleanrl.py
     stamp, waited = ROOT / ".venv-cleanrl" / ".cleanrl-stamp", time.time()
     while not stamp.exists() and time.time() - waited < float(os.environ.get("CLEANRL_WAIT_S", 0)):
         time.sleep(10)  # its venv still being set up (the run says how long it waited)
     waited = time.time() - waited
-    cmd = [str(py) if py.exists() else sys.executable, CLEANRL_SCRIPT, "--env-id", f"{game}-v5",
+    cmd = [sys.executable, CLEANRL_SCRIPT, "--env-id", f"{game}-v5",
            "--total-timesteps", str(budget), "--seed", str(seed)]  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
