@@ -131,8 +131,9 @@ def run_cleanrl(game: str, seed: int, budget: int) -> dict:
     if not script.exists():
         return {"error": f"{script} missing: run bench/learn_atari.py --part ppo (fetches it)"}
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    env["PYTHONPATH"] = str(ROOT / ".venv-cleanrl")  # bench/setup_atari_cleanrl.py
     stamp, waited = ROOT / ".venv-cleanrl" / ".cleanrl-stamp", time.time()
+    # its pinned envpool/gym (bench/setup_atari_cleanrl.py), else the shim over envpool 1.x
+    env["PYTHONPATH"] = str(stamp.parent if stamp.exists() else HERE / "cleanrl_shim")
     while not stamp.exists() and time.time() - waited < float(os.environ.get("CLEANRL_WAIT_S", 0)):
         time.sleep(10)  # its venv still being set up (the run says how long it waited)
     waited = time.time() - waited
