@@ -132,11 +132,12 @@ def run_rlstash(
             gradient_steps=s["gradient_steps"], n_steps=1, agent=agent, env_backend=backend,
         )  # fmt: skip
         run = builders.build_run(cfg, Path(tmp) / "run")
-        curve, train_s, cpu_s, step = [], 0.0, 0.0, 0
+        curve, train_s, eval_cpu, step = [], 0.0, 0.0, 0
         rb, limiter, collector = run.rb, run.limiter, run.collector
+        cpu0 = tree_cpu()  # env workers' CPU included; read at the ends only (a scan is costly)
         try:
             while step < budget:  # rlstash.train.loop's loop, evaluation swapped for ours
-                t0, c0 = time.perf_counter(), tree_cpu()  # env workers' CPU included
+                t0 = time.perf_counter()
                 rb.extend(collector.collect())
                 limiter.on_insert(run.frames_per_collect)
                 step += run.frames_per_collect
@@ -144,14 +145,16 @@ def run_rlstash(
                     run.agent.update(rb.sample(s["batch_size"]))
                     limiter.on_sample()
                 train_s += time.perf_counter() - t0
-                cpu_s += tree_cpu() - c0
                 if step % eval_every == 0:
+                    c0 = time.process_time()  # evaluation runs in this process
 
                     def act(obs):
                         return run.agent.act(torch.as_tensor(obs), deterministic=True).numpy()
 
                     scores = evaluate(act, env_id, episodes, seed + 10_000 + step)
                     curve.append([step, train_s, statistics.mean(scores)])
+                    eval_cpu += time.process_time() - c0
+            cpu_s = tree_cpu() - cpu0 - eval_cpu
         finally:
             run.close()
     return {"curve": curve, "steps": step, "train_seconds": train_s, "cpu_seconds": cpu_s,
