@@ -103,10 +103,13 @@ def evaluate(act, env_id: str, episodes: int, seed: int) -> list[float]:
 # ----------------------------------------------------------------------------- workers
 
 
-def run_rlstash(env_id: str, seed: int, budget: int, eval_every: int, episodes: int) -> dict:
+def run_rlstash(
+    env_id: str, seed: int, budget: int, eval_every: int, episodes: int, backend: str = "gymnasium"
+) -> dict:
     import tempfile
 
     import torch
+    from learn_atari_ppo import tree_cpu
 
     from rlstash.train import builders
     from rlstash.train.config import TrainConfig
@@ -126,14 +129,15 @@ def run_rlstash(env_id: str, seed: int, budget: int, eval_every: int, episodes: 
             device="cpu", checkpoint_every=10 * budget, eval_every=10 * budget, eval_episodes=1,
             batch_size=s["batch_size"], buffer_size=s["buffer_size"],
             learning_starts=s["learning_starts"], train_freq=s["train_freq"],
-            gradient_steps=s["gradient_steps"], n_steps=1, agent=agent,
+            gradient_steps=s["gradient_steps"], n_steps=1, agent=agent, env_backend=backend,
         )  # fmt: skip
         run = builders.build_run(cfg, Path(tmp) / "run")
-        curve, train_s, cpu_s, step = [], 0.0, 0.0, 0
+        curve, train_s, eval_cpu, step = [], 0.0, 0.0, 0
         rb, limiter, collector = run.rb, run.limiter, run.collector
+        cpu0 = tree_cpu()  # env workers' CPU included; read at the ends only (a scan is costly)
         try:
             while step < budget:  # rlstash.train.loop's loop, evaluation swapped for ours
-                t0, c0 = time.perf_counter(), time.process_time()
+                t0 = time.perf_counter()
                 rb.extend(collector.collect())
                 limiter.on_insert(run.frames_per_collect)
                 step += run.frames_per_collect
@@ -141,24 +145,27 @@ def run_rlstash(env_id: str, seed: int, budget: int, eval_every: int, episodes: 
                     run.agent.update(rb.sample(s["batch_size"]))
                     limiter.on_sample()
                 train_s += time.perf_counter() - t0
-                cpu_s += time.process_time() - c0
                 if step % eval_every == 0:
+                    c0 = time.process_time()  # evaluation runs in this process
 
                     def act(obs):
                         return run.agent.act(torch.as_tensor(obs), deterministic=True).numpy()
 
                     scores = evaluate(act, env_id, episodes, seed + 10_000 + step)
                     curve.append([step, train_s, statistics.mean(scores)])
+                    eval_cpu += time.process_time() - c0
+            cpu_s = tree_cpu() - cpu0 - eval_cpu
         finally:
             run.close()
     return {"curve": curve, "steps": step, "train_seconds": train_s, "cpu_seconds": cpu_s,
-            "settings": s}  # fmt: skip
+            "settings": s, "backend": backend}  # fmt: skip
 
 
 def run_sb3(env_id: str, seed: int, budget: int, eval_every: int, episodes: int) -> dict:
     import ale_py
     import gymnasium as gym
     import numpy as np
+    from learn_atari_ppo import tree_cpu
     from stable_baselines3 import DQN
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_atari_env
@@ -177,11 +184,11 @@ def run_sb3(env_id: str, seed: int, budget: int, eval_every: int, episodes: int)
             self.excluded = self.start = self.cpu_excluded = self.cpu_start = 0.0
 
         def _on_training_start(self) -> None:
-            self.start, self.cpu_start = time.perf_counter(), time.process_time()
+            self.start, self.cpu_start = time.perf_counter(), tree_cpu()
 
         def _on_step(self) -> bool:
             if self.num_timesteps % eval_every == 0:
-                t0, c0 = time.perf_counter(), time.process_time()
+                t0, c0 = time.perf_counter(), tree_cpu()
                 train_s = t0 - self.start - self.excluded
                 model = self.model
 
@@ -191,7 +198,7 @@ def run_sb3(env_id: str, seed: int, budget: int, eval_every: int, episodes: int)
                 scores = evaluate(act, env_id, episodes, seed + 10_000 + self.num_timesteps)
                 self.curve.append([self.num_timesteps, train_s, float(np.mean(scores))])
                 self.excluded += time.perf_counter() - t0
-                self.cpu_excluded += time.process_time() - c0
+                self.cpu_excluded += tree_cpu() - c0
             return True
 
     model = DQN(
@@ -207,7 +214,7 @@ def run_sb3(env_id: str, seed: int, budget: int, eval_every: int, episodes: int)
     clock = EvalClock()
     model.learn(total_timesteps=budget, callback=clock)
     train_s = time.perf_counter() - clock.start - clock.excluded
-    cpu_s = time.process_time() - clock.cpu_start - clock.cpu_excluded
+    cpu_s = tree_cpu() - clock.cpu_start - clock.cpu_excluded
     env.close()
     return {"curve": clock.curve, "steps": budget, "train_seconds": train_s, "cpu_seconds": cpu_s,
             "settings": s}  # fmt: skip
@@ -274,8 +281,14 @@ def worker(task: dict) -> dict:
     torch.set_num_threads(1)
     if task.get("lib") == "updates":
         return update_costs()
-    fn = run_rlstash if task["lib"] == "rlstash" else run_sb3
-    return fn(task["env"], task["seed"], task["budget"], task["eval_every"], task["episodes"])
+    if task.get("part") == "ppo":
+        from learn_atari_ppo import ppo_worker
+
+        return ppo_worker(task)
+    args = (task["env"], task["seed"], task["budget"], task["eval_every"], task["episodes"])
+    if task["lib"] == "rlstash-envpool":
+        return run_rlstash(*args, backend="envpool")
+    return (run_rlstash if task["lib"] == "rlstash" else run_sb3)(*args)
 
 
 def spawn(task: dict, timeout: float) -> dict:
@@ -409,15 +422,17 @@ def write_report(results: dict) -> Path:
     return out
 
 
-def machine() -> dict:
+def _version(name: str) -> str:
     import importlib.metadata as md
 
-    def version(name: str) -> str:
-        try:
-            return md.version(name)
-        except md.PackageNotFoundError:
-            return "?"
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return "?"
 
+
+def machine() -> dict:
+    version = _version
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cpus": os.cpu_count(),
@@ -502,6 +517,8 @@ def main() -> None:
     parser.add_argument(
         "--parallel", type=int, default=1, help="runs at a time (2: rlstash beside SB3)"
     )
+    parser.add_argument("--part", choices=("dqn-envpool", "ppo"), default=None,
+                        help="issue 27: DQN over EnvPool, or PPO vs SB3 and CleanRL")  # fmt: skip
     parser.add_argument("--updates", action="store_true", help="only the update-cost table")
     parser.add_argument("--report", action="store_true", help="only rewrite the report")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -523,6 +540,14 @@ def main() -> None:
         return
     games = [g for g in args.games.split(",") if g]
     seeds = [int(s) for s in args.seeds.split(",") if s]
+    if args.part:  # a dated section appended to bench/results/learn_atari.md
+        from learn_atari_ppo import run_part
+
+        info = {**machine(), "envpool": _version("envpool")}
+        out = run_part(args.part, games, seeds, args.budget, args.eval_episodes, spawn, info,
+                       settings(args.budget))  # fmt: skip
+        print(f"wrote {out}")
+        return
     eval_every = args.eval_every or max(1, args.budget // 4)
     if eval_every % 4 or args.budget % eval_every:
         raise SystemExit("--eval-every: must divide --budget and be a multiple of 4 (train_freq)")
