@@ -217,7 +217,6 @@ def _stream(env, n: int, lane: int = 4096):
 
 
 def _envpool_stream(env_id: str, n: int, threads: int, batch: int | None = None):
-    import math
 
     import torch
 
@@ -232,8 +231,8 @@ def _envpool_stream(env_id: str, n: int, threads: int, batch: int | None = None)
         collector = Collector(env, lambda obs: torch.as_tensor(sample()), n * T, device="cpu")
         collector.reset(seed=0)
 
-        def run(k: int) -> None:
-            for _ in range(math.ceil(k / T)):
+        def run(k: int) -> None:  # k operations of T steps each (the rate is scaled by T)
+            for _ in range(k):
                 collector.collect_into(store)
 
         return run, env.close
@@ -263,7 +262,6 @@ def _pool_async(env_id: str, n: int, batch: int):
 
 
 def _pool_stream(env_id: str, n: int, batch: int | None, **layout):
-    import math
 
     import torch
 
@@ -278,8 +276,8 @@ def _pool_stream(env_id: str, n: int, batch: int | None, **layout):
         collector = Collector(pool, lambda obs: torch.as_tensor(sample()), n * T, device="cpu")
         collector.reset(seed=0)
 
-        def run(k: int) -> None:
-            for _ in range(math.ceil(k / T)):
+        def run(k: int) -> None:  # k operations of T steps each (the rate is scaled by T)
+            for _ in range(k):
                 collector.collect_into(store)
 
         return run, pool.close
@@ -302,6 +300,7 @@ def cell(env_name: str, n: int, reps: int, target_s: float, peers: tuple = PEERS
     torch.set_num_threads(1)  # the collectors' few tensor ops; no OpenMP threads spinning
     env_id, cores = ENVS[env_name], usable_cpus()
     runs, closers, notes, errors = {}, [], {}, {}
+    steps_per_op: dict[str, int] = {}
     for peer in peers:
         try:
             if peer in PUFFER and importlib.util.find_spec("pufferlib") is None:
@@ -342,6 +341,8 @@ def cell(env_name: str, n: int, reps: int, target_s: float, peers: tuple = PEERS
             errors[peer] = f"{type(exc).__name__}: {exc}"[:200]
             continue
         runs[peer], closers = run, [*closers, close]
+        if peer in ("rlstash-pool-stream", "rlstash-envpool-stream"):
+            steps_per_op[peer] = T  # one operation is one Collector batch of T steps
     try:
         from collect_peers import _exclude_descendants
 
@@ -351,7 +352,7 @@ def cell(env_name: str, n: int, reps: int, target_s: float, peers: tuple = PEERS
     finally:
         for close in closers:
             close()
-    rates = {k: t.median * n for k, t in timings.items()}
+    rates = {k: t.median * n * steps_per_op.get(k, 1) for k, t in timings.items()}
     spread = {k: (max(t.rates) - min(t.rates)) / t.median for k, t in timings.items()}
     return {
         "env": env_name, "n": n, "rates": rates, "spread": spread, "notes": notes,
