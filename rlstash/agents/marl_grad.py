@@ -50,8 +50,7 @@ _ACT_NAMES = {cls: name for name, cls in ACTIVATIONS.items()}
 
 def unsupported(agent: Any) -> str | None:
     """Why the written-out gradient does not apply to ``agent``'s networks (None: it does)."""
-    for name in ("actor", "critic"):
-        net = getattr(agent, name)
+    for name, net in (("actor", agent.actor), ("critic", agent.critic)):
         if not isinstance(net, AgentMLP):
             return f"a {name} of type {type(net).__name__}"
         mods = list(net.net)

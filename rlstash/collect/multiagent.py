@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from rlstash.envs.multiagent import MultiAgentStep, MultiAgentVectorEnv, flatten_obs
+from rlstash.storage.marl_rollout import GroupedRollout
 
 
 class EpisodeStats:
@@ -116,7 +117,7 @@ class MultiAgentCollector:
     def collect(self, agent: Any, rollout: Any) -> None:
         """Fill ``rollout`` with T steps of every env by ``agent`` (class docstring)."""
         agents = self.agents_of(agent)
-        grouped = hasattr(rollout, "rollouts")
+        grouped = isinstance(rollout, GroupedRollout)
         parts = rollout.rollouts if grouped else {self.group: rollout}
         self.steps_per_batch = rollout.steps
         if grouped:

@@ -410,7 +410,9 @@ def make_grouped_agent(
 
 def _networks(agent: Any) -> list[Any]:
     """The actors and critics of an agent (every group's)."""
-    if hasattr(agent, "agents"):
+    from rlstash.agents.mappo_groups import GroupedMAPPO
+
+    if isinstance(agent, GroupedMAPPO):
         return [m for a in agent.agents.values() for m in (a.actor, a.critic)]
     return [agent.actor, agent.critic]
 
