@@ -129,10 +129,22 @@ def check_finite(
     # the sums overflowed but every value is finite: a false alarm, nothing to refuse
 
 
+def raise_unless_finite(algo: str, updates: int, tensors: list[torch.Tensor]) -> None:
+    """Raise :class:`NonFiniteError` naming ``algo`` when one of ``tensors`` (an agent's loss
+    metrics and, where asked, its flat parameters) holds NaN or +-inf (one host read)."""
+    if not tensors or bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all()):
+        return
+    raise NonFiniteError(
+        f"{algo}: the loss or a weight turned non-finite (NaN or inf) by update "
+        f"{updates}; its parameters are not to be trusted or saved. Fix: a lower "
+        "learning_rate or max_grad_norm"
+    )
+
+
 def rows_where(fields: Mapping[str, torch.Tensor], keep: torch.Tensor) -> dict[str, torch.Tensor]:
     """``fields`` with the rows where ``keep`` ([rows] bool) is False zeroed, for checking only
     the rows that are read (same-step final observations: where an episode ended)."""
     return {k: torch.where(keep.reshape(-1, *[1] * (v.dim() - 1)), v, 0) for k, v in fields.items()}
 
 
-__all__ = ["OPT_OUT", "NonFiniteError", "check_finite", "rows_where"]
+__all__ = ["OPT_OUT", "NonFiniteError", "check_finite", "raise_unless_finite", "rows_where"]

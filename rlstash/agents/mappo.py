@@ -429,18 +429,12 @@ class MAPPO:
     def check_finite(self, metrics: Mapping[str, Any] | None = None, params: bool = False) -> None:
         """Raise :class:`~rlstash.finite.NonFiniteError` when a loss metric (:data:`METRICS`) of
         the latest update (or, with ``params``, a weight) is NaN or +-inf (one host read)."""
-        from rlstash.finite import NonFiniteError
+        from rlstash.finite import raise_unless_finite
 
         ts = [v for k, v in (metrics or {}).items() if k in METRICS and isinstance(v, torch.Tensor)]
         if params:
             ts += [self.actor_opt.flat.param, self.critic_opt.flat.param]
-        if not ts or bool(torch.stack([torch.isfinite(t).all() for t in ts]).all()):
-            return
-        raise NonFiniteError(
-            f"{self.algo}: the loss or a weight turned non-finite (NaN or inf) by update "
-            f"{self.updates}; its parameters are not to be trusted or saved. Fix: a lower "
-            "learning_rate or max_grad_norm"
-        )
+        raise_unless_finite(self.algo, self.updates, ts)
 
     # --- checkpoints ------------------------------------------------------------------------
 
