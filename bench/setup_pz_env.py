@@ -23,25 +23,32 @@ TORCH_PIN = "torch==2.13.0"
 PEERS = ["pettingzoo==1.27.0", "mpe2==1.1.1", "supersuit==3.11.0", "psutil"]
 
 
-def _stamp() -> str:
-    text = "\n".join([TORCH_PIN, *PEERS]).encode() + (ROOT / "pyproject.toml").read_bytes()
+def _stamp(peers: list[str]) -> str:
+    text = "\n".join([TORCH_PIN, *peers]).encode() + (ROOT / "pyproject.toml").read_bytes()
     return hashlib.sha256(text).hexdigest()
 
 
-def main() -> None:
-    stamp = VENV / ".stamp"
-    if stamp.exists() and stamp.read_text() == _stamp() and PY.exists():
-        return
-    if not PY.exists():
-        venv.create(VENV, with_pip=True)
-    pip = [str(PY), "-m", "pip", "install", "-q"]
+def build(venv_dir: Path, peers: list[str], name: str) -> Path:
+    """Create (or reuse, when its stamp matches) ``venv_dir`` with torch, ``peers`` and rlstash
+    (editable) installed, torch pinned; returns its python. Shared by the setup_pz_* scripts."""
+    py, stamp = venv_dir / "bin" / "python", venv_dir / ".stamp"
+    if stamp.exists() and stamp.read_text() == _stamp(peers) and py.exists():
+        return py
+    if not py.exists():
+        venv.create(venv_dir, with_pip=True)
+    pip = [str(py), "-m", "pip", "install", "-q"]
     subprocess.check_call([*pip, TORCH_PIN])
-    constraints = VENV / "constraints.txt"
+    constraints = venv_dir / "constraints.txt"
     constraints.write_text(TORCH_PIN + "\n")
-    subprocess.check_call([*pip, "-c", str(constraints), *PEERS])
+    subprocess.check_call([*pip, "-c", str(constraints), *peers])
     subprocess.check_call([*pip, "-c", str(constraints), "-e", str(ROOT)])
-    stamp.write_text(_stamp())
-    print(f"[setup_pz_env] ready: {PY}", flush=True)
+    stamp.write_text(_stamp(peers))
+    print(f"[{name}] ready: {py}", flush=True)
+    return py
+
+
+def main() -> None:
+    build(VENV, PEERS, "setup_pz_env")
 
 
 if __name__ == "__main__":

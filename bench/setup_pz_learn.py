@@ -11,16 +11,14 @@ Standard library only. ``torch==2.13.0`` first (the local CPU build), then the p
 
 from __future__ import annotations
 
-import hashlib
-import subprocess
 import sys
-import venv
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from setup_pz_env import ROOT, build  # noqa: E402 - the one venv builder of the setup_pz_* scripts
+
 VENV = ROOT / "bench" / ".work" / "venv-pz-learn"
 PY = VENV / "bin" / "python"
-TORCH_PIN = "torch==2.13.0"
 PEERS = [
     "pettingzoo==1.27.0",
     "mpe2==1.1.1",
@@ -30,25 +28,8 @@ PEERS = [
 ]
 
 
-def _stamp() -> str:
-    text = "\n".join([TORCH_PIN, *PEERS]).encode() + (ROOT / "pyproject.toml").read_bytes()
-    return hashlib.sha256(text).hexdigest()
-
-
 def main() -> None:
-    stamp = VENV / ".stamp"
-    if stamp.exists() and stamp.read_text() == _stamp() and PY.exists():
-        return
-    if not PY.exists():
-        venv.create(VENV, with_pip=True)
-    pip = [str(PY), "-m", "pip", "install", "-q"]
-    subprocess.check_call([*pip, TORCH_PIN])
-    constraints = VENV / "constraints.txt"
-    constraints.write_text(TORCH_PIN + "\n")
-    subprocess.check_call([*pip, "-c", str(constraints), *PEERS])
-    subprocess.check_call([*pip, "-c", str(constraints), "-e", str(ROOT)])
-    stamp.write_text(_stamp())
-    print(f"[setup_pz_learn] ready: {PY}", flush=True)
+    build(VENV, PEERS, "setup_pz_learn")
 
 
 if __name__ == "__main__":
