@@ -53,6 +53,24 @@ def test_train_and_eval_record_vmas_episodes_headless(tmp_path: Path) -> None:
     assert [v.name for v in made] == ["eval-s12345-0.mp4"]  # 2 episodes on 2 envs: env 0 has 1
     assert _frames(made[0]) == STEPS + 1
     assert f"video: {made[0]}" in out.stdout
+    _package_for_the_hub(tmp_path / "r", tmp_path / "pkg")
+
+
+def _package_for_the_hub(run: Path, out: Path) -> None:
+    """``rlstash push``'s package of a multi-agent run: evaluated, a replay video of env 0,
+    a card whose metadata huggingface_hub's own parser reads (the upload itself is covered by
+    tests/hub against a local endpoint)."""
+    hub = pytest.importorskip("huggingface_hub.repocard", reason="pip install 'rlstash[hub]'")
+    from rlstash.hub.package import package
+
+    results = package(run, out, repo_id="user/mappo-navigation", episodes=2, video=True)
+    assert (results["algo"], results["env_id"], results["n_eval_episodes"]) == (
+        "mappo", "vmas/navigation", 2)  # fmt: skip
+    assert _frames(out / "replay.mp4") == STEPS + 1
+    meta = hub.metadata_load(out / "README.md")
+    assert meta["library_name"] == "rlstash" and "mappo" in meta["tags"]
+    metric = meta["model-index"][0]["results"][0]["metrics"][0]
+    assert metric["value"] == f"{results['mean_reward']:.2f} +/- {results['std_reward']:.2f}"
 
 
 def test_a_machine_that_cannot_render_is_refused_in_one_line(tmp_path: Path) -> None:
