@@ -11,8 +11,10 @@
 Per step: the agent acts on the group's observations [E, A, D] (flattened per agent; a dict
 observation's keys concatenated in sorted order), the env steps, the rollout stores what came
 back (:meth:`~rlstash.storage.marl_rollout.MultiAgentRollout.put`). Where an env's episode
-ended (same-step autoreset) the critic evaluates the final observations once, then and there:
-the rollout stores their value, not the observations. Episode returns are summed per agent on
+ended (same-step autoreset) the critic evaluates the final observations once, then and there,
+with the ended episode's last global state (``final_state``,
+:func:`~rlstash.envs.multiagent.final_state`; never the new episode's first): the rollout
+stores their value, not the observations. Episode returns are summed per agent on
 the device; nothing is read on the host per step beyond what the env itself reads.
 
 The agent: ``act(obs [E, A, D], action_mask, deterministic) -> (stored action, env action,
@@ -27,7 +29,12 @@ from typing import Any
 
 import torch
 
-from rlstash.envs.multiagent import MultiAgentStep, MultiAgentVectorEnv, flatten_obs
+from rlstash.envs.multiagent import (
+    MultiAgentStep,
+    MultiAgentVectorEnv,
+    final_state,
+    flatten_obs,
+)
 from rlstash.storage.marl_rollout import GroupedRollout
 
 
@@ -129,10 +136,8 @@ class MultiAgentCollector:
             acted = {g: a.act(self.obs(step, g), step.action_mask[g]) for g, a in agents.items()}
             nxt = self.env.step({g: out[1] for g, out in acted.items()})
             joint = None
-            if nxt.final_obs is not None:  # some env ended: V(its final observations)
-                # (a global final state is not part of the layout: MAPPO without one takes
-                # the concatenated final observations; with one, the next state stands in)
-                joint = self._joint(nxt.final_obs, nxt.state)
+            if nxt.final_obs is not None:  # some env ended: V(its final obs and state)
+                joint = self._joint(nxt.final_obs, final_state(nxt))
             for g, r in parts.items():
                 final_value = None
                 if nxt.final_obs is not None:
