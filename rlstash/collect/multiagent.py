@@ -146,18 +146,18 @@ class MultiAgentCollector:
                 done = nxt.terminated[g] | nxt.truncated[g]
                 stored, _, logp = acted[g]
                 r.put(
-                    t, stored, logp, step.mask[g], nxt.reward[g], nxt.terminated[g], done,
+                    t, stored, logp, nxt.mask[g], nxt.reward[g], nxt.terminated[g], done,
                     self.obs(nxt, g), None if grouped else nxt.state, final_value,
                     step.action_mask[g],
                 )  # fmt: skip
             if grouped:
                 rollout.put_state(t + 1, nxt.state)
-            self.stats.add(self._rewards(step, nxt), nxt.env_done)
+            self.stats.add(self._rewards(nxt), nxt.env_done)
             self.last = nxt
 
-    def _rewards(self, step: MultiAgentStep, nxt: MultiAgentStep) -> torch.Tensor:
+    def _rewards(self, nxt: MultiAgentStep) -> torch.Tensor:
         """Every agent's reward of ``nxt`` [E, A] (group order), 0 where it did not act."""
-        parts = [nxt.reward[g] * step.mask[g] for g in self.env.groups]
+        parts = [nxt.reward[g] * nxt.mask[g] for g in self.env.groups]
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
     @torch.no_grad()
@@ -184,7 +184,7 @@ class MultiAgentCollector:
             acts = {g: a.act(self.obs(step, g), step.action_mask[g], deterministic)[1]
                     for g, a in agents.items()}  # fmt: skip
             nxt = self.env.step(acts)
-            running += self._rewards(step, nxt)
+            running += self._rewards(nxt)
             step = nxt
             if on_step is not None:
                 on_step(step)
