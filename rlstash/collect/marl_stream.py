@@ -17,7 +17,7 @@ hold its ended episode's last values: the final observations, the agents still a
 the last step (``mask`` and not terminated), all actions available, and the ended episode's
 last global state (the env's ``final_state``, :func:`~rlstash.envs.multiagent.final_state`:
 the mixer's input where a truncated episode is bootstrapped). Nothing is read on the host: T
-steps stack into one chunk, one ``extend``.
+steps fill one chunk (each value copied in as it is read), one ``extend``.
 """
 
 from __future__ import annotations
