@@ -14,10 +14,10 @@ that acted), ``action`` and ``reward`` (0 where an agent did not act), and the e
 end: ``truncated`` where the env ended with an agent truncated (a time limit, a restarted
 worker), else ``terminated``. Where an env ended (same-step autoreset) the ``final_`` fields
 hold its ended episode's last values: the final observations, the agents still acting after
-the last step (``mask`` and not terminated), all actions available, and the env's next state
-(the layout carries no final state: the new episode's first one stands in; it is read only
-when the episode was truncated). Nothing is read on the host: T steps stack into one chunk,
-one ``extend``.
+the last step (``mask`` and not terminated), all actions available, and the ended episode's
+last global state (the env's ``final_state``, :func:`~rlstash.envs.multiagent.final_state`:
+the mixer's input where a truncated episode is bootstrapped). Nothing is read on the host: T
+steps fill one chunk (each value copied in as it is read), one ``extend``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,12 @@ from typing import Any
 import torch
 
 from rlstash.collect.multiagent import EpisodeStats
-from rlstash.envs.multiagent import MultiAgentStep, MultiAgentVectorEnv, flatten_obs
+from rlstash.envs.multiagent import (
+    MultiAgentStep,
+    MultiAgentVectorEnv,
+    final_state,
+    flatten_obs,
+)
 from rlstash.storage.stream_agents import ACTION_MASK, MASK, STATE, pack_bits
 
 OBS_FIELDS = ("obs", STATE, ACTION_MASK, MASK)
@@ -63,30 +68,45 @@ class MultiAgentStreamCollector:
     @torch.no_grad()
     def collect(self, agent: Any) -> dict[str, torch.Tensor]:
         """``steps`` steps of every env by ``agent`` (``act(obs, action_mask) -> (action,
-        env action, _)``): the stream's fields [T, E, ...] plus the ``final_`` ones."""
-        g, rows = self.group, []
-        for _ in range(self.steps_per_batch):
+        env action, _)``): the stream's fields [T, E, ...] plus the ``final_`` ones.
+
+        Each value is copied into the chunk when it is read: an env's tensors may be views
+        that its next step overwrites (PettingZoo's pool: shared memory)."""
+        g, T = self.group, self.steps_per_batch
+        chunk: dict[str, torch.Tensor] = {}
+
+        def put(t: int, values: dict[str, torch.Tensor]) -> None:
+            for k, v in values.items():
+                if k not in chunk:
+                    chunk[k] = torch.empty((T, *v.shape), dtype=v.dtype, device=v.device)
+                chunk[k][t].copy_(v)
+
+        for t in range(T):
             step = self.last
             obs = self.fields(step)
+            obs.pop(MASK)  # which agents act in this step: the step's own mask, below
+            put(t, obs)
             _, action, _ = agent.act(obs["obs"], step.action_mask[g])
             action = action.to(self.env.device)
             nxt = self.env.step({g: action})
-            m = step.mask[g]
+            m = nxt.mask[g]  # the agents that acted in this step
             truncated = nxt.env_done & nxt.truncated[g].any(-1)  # [E]
-            row = {**obs, "action": torch.where(m, action, 0),
+            row = {MASK: m, "action": torch.where(m, action, 0),
                    "reward": torch.where(m, nxt.reward[g], 0.0),
                    "terminated": nxt.env_done & ~truncated, "truncated": truncated}  # fmt: skip
             final = self.fields(nxt)  # rows read only where an env ended
             if nxt.final_obs is not None:
                 final["obs"] = flatten_obs(nxt.final_obs[g])
+                if self.has_state:
+                    final[STATE] = final_state(nxt).reshape(self.num_envs, -1).float()
             final[MASK] = m & ~nxt.terminated[g]
             if self.has_action_mask:
                 final[ACTION_MASK] = torch.full_like(final[ACTION_MASK], 255)
             row.update({"final_" + k: v for k, v in final.items()})
-            rows.append(row)
+            put(t, row)
             self.stats.add(nxt.reward[g] * m, nxt.env_done)
             self.last = nxt
-        return {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
+        return chunk
 
     def close(self) -> None:
         self.env.close()

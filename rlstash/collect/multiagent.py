@@ -11,8 +11,10 @@
 Per step: the agent acts on the group's observations [E, A, D] (flattened per agent; a dict
 observation's keys concatenated in sorted order), the env steps, the rollout stores what came
 back (:meth:`~rlstash.storage.marl_rollout.MultiAgentRollout.put`). Where an env's episode
-ended (same-step autoreset) the critic evaluates the final observations once, then and there:
-the rollout stores their value, not the observations. Episode returns are summed per agent on
+ended (same-step autoreset) the critic evaluates the final observations once, then and there,
+with the ended episode's last global state (``final_state``,
+:func:`~rlstash.envs.multiagent.final_state`; never the new episode's first): the rollout
+stores their value, not the observations. Episode returns are summed per agent on
 the device; nothing is read on the host per step beyond what the env itself reads.
 
 The agent: ``act(obs [E, A, D], action_mask, deterministic) -> (stored action, env action,
@@ -27,7 +29,12 @@ from typing import Any
 
 import torch
 
-from rlstash.envs.multiagent import MultiAgentStep, MultiAgentVectorEnv, flatten_obs
+from rlstash.envs.multiagent import (
+    MultiAgentStep,
+    MultiAgentVectorEnv,
+    final_state,
+    flatten_obs,
+)
 from rlstash.storage.marl_rollout import GroupedRollout
 
 
@@ -129,10 +136,8 @@ class MultiAgentCollector:
             acted = {g: a.act(self.obs(step, g), step.action_mask[g]) for g, a in agents.items()}
             nxt = self.env.step({g: out[1] for g, out in acted.items()})
             joint = None
-            if nxt.final_obs is not None:  # some env ended: V(its final observations)
-                # (a global final state is not part of the layout: MAPPO without one takes
-                # the concatenated final observations; with one, the next state stands in)
-                joint = self._joint(nxt.final_obs, nxt.state)
+            if nxt.final_obs is not None:  # some env ended: V(its final obs and state)
+                joint = self._joint(nxt.final_obs, final_state(nxt))
             for g, r in parts.items():
                 final_value = None
                 if nxt.final_obs is not None:
@@ -141,18 +146,18 @@ class MultiAgentCollector:
                 done = nxt.terminated[g] | nxt.truncated[g]
                 stored, _, logp = acted[g]
                 r.put(
-                    t, stored, logp, step.mask[g], nxt.reward[g], nxt.terminated[g], done,
+                    t, stored, logp, nxt.mask[g], nxt.reward[g], nxt.terminated[g], done,
                     self.obs(nxt, g), None if grouped else nxt.state, final_value,
                     step.action_mask[g],
                 )  # fmt: skip
             if grouped:
                 rollout.put_state(t + 1, nxt.state)
-            self.stats.add(self._rewards(step, nxt), nxt.env_done)
+            self.stats.add(self._rewards(nxt), nxt.env_done)
             self.last = nxt
 
-    def _rewards(self, step: MultiAgentStep, nxt: MultiAgentStep) -> torch.Tensor:
+    def _rewards(self, nxt: MultiAgentStep) -> torch.Tensor:
         """Every agent's reward of ``nxt`` [E, A] (group order), 0 where it did not act."""
-        parts = [nxt.reward[g] * step.mask[g] for g in self.env.groups]
+        parts = [nxt.reward[g] * nxt.mask[g] for g in self.env.groups]
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
     @torch.no_grad()
@@ -179,7 +184,7 @@ class MultiAgentCollector:
             acts = {g: a.act(self.obs(step, g), step.action_mask[g], deterministic)[1]
                     for g, a in agents.items()}  # fmt: skip
             nxt = self.env.step(acts)
-            running += self._rewards(step, nxt)
+            running += self._rewards(nxt)
             step = nxt
             if on_step is not None:
                 on_step(step)

@@ -15,7 +15,9 @@ env's own order (PettingZoo's ``possible_agents``, VMAS's ``agents``)::
 Every tensor of a :class:`MultiAgentStep` is ``[E, A_g, ...]`` per group (``state`` and
 ``env_done`` are per env). An env whose agents are all done resets in the same step
 ("same_step" autoreset): ``obs``/``state`` hold the new episode's first values and
-``final_obs`` the ended episode's last observations. ``mask`` says which agents acted: an agent
+``final_obs``/``final_state`` the ended episode's last observations and global state (what a
+truncated episode is bootstrapped from: :func:`final_state` hands it to the collectors and
+refuses an env with a state that gives none). ``mask`` says which agents acted: an agent
 done early (or absent) has ``mask`` False until its env resets; its rows contribute nothing to
 losses and are never sampled.
 
@@ -45,7 +47,9 @@ class MultiAgentStep:
     ``terminated``/``truncated``/``mask`` [E, A_g] bool; ``action_mask`` [E, A_g, n] bool for
     discrete actions with masks, else None; ``state`` [E, *state_shape] or None; ``env_done``
     [E] bool (the env reset in this step); ``final_obs`` per group [E, A_g, ...] with the ended
-    episodes' last observations in the rows where ``env_done`` (None when no env ended)."""
+    episodes' last observations in the rows where ``env_done`` (None when no env ended);
+    ``final_state`` [E, *state_shape] their last global states in those rows (None when the
+    env has no state or no env ended)."""
 
     obs: dict[str, ObsPart]
     reward: dict[str, torch.Tensor]
@@ -56,6 +60,7 @@ class MultiAgentStep:
     state: torch.Tensor | None
     env_done: torch.Tensor
     final_obs: dict[str, ObsPart] | None = None
+    final_state: torch.Tensor | None = None
 
 
 @runtime_checkable
@@ -74,6 +79,28 @@ class MultiAgentVectorEnv(Protocol):
     def step(self, actions: dict[str, torch.Tensor]) -> MultiAgentStep: ...
 
     def close(self) -> None: ...
+
+
+def final_state(step: MultiAgentStep) -> torch.Tensor | None:
+    """The global states the episodes that ended in ``step`` ended in, [E, *state_shape]
+    (rows valid where ``env_done``): ``step.final_state``; None where the env has no state or
+    no env ended. What a critic or mixer over the global state bootstraps a truncated episode
+    from (never ``step.state``: there those rows hold the new episode's first state).
+
+    Raises:
+        ValueError: the env has a global state and an episode ended, but the step carries no
+            ``final_state``.
+    """
+    if step.state is None or step.final_obs is None:
+        return None
+    if step.final_state is None:
+        raise ValueError(
+            "env: an episode ended (same-step autoreset) in an env with a global state, but "
+            "its MultiAgentStep has final_state None, so the ended episode's last state is "
+            "lost (step.state holds the new episode's first); set final_state [E, "
+            "*state_shape] to the ended episodes' last state() where env_done"
+        )
+    return step.final_state
 
 
 def group_agents(

@@ -19,11 +19,16 @@ unpacked from bits into fresh tensors.
 Per step and group, ``[E, A_g]``: ``reward``/``terminated``/``truncated`` of the step,
 ``mask`` True for the agents that acted in it (an agent done earlier or absent: False, its
 observation zero-filled); ``obs``/``state``/``action_mask`` are those of the next step
-(for ``env_done`` rows: the new episode's first ones, the last ones in ``final_obs``).
+(for ``env_done`` rows: the new episode's first ones, the last ones in ``final_obs`` and
+``final_state``). The global state is a field of the worker's byte row, read by ``state()``
+right after the step (:class:`~rlstash.envs.pz_worker.ParallelAdapter`); the worker copies
+an ended env's row into the pool's final-observation arrays before it resets the env, so
+``final_state`` is the ended episode's last ``state()``, beside ``final_obs`` in the same rows.
 
 A worker restart (a crashed or hung env) ends the episodes of its envs for all their agents:
 ``truncated`` True, ``env_done`` True, ``mask`` False (the step has no outcome: no reward,
-no final observation; ``final_obs`` rows are zero), and ``obs`` is the restarted env's first.
+no final observation or state; ``final_obs`` and ``final_state`` rows are zero), and ``obs``
+is the restarted env's first.
 """
 
 from __future__ import annotations
@@ -179,18 +184,19 @@ class PettingZooVectorEnv:
         checked = self._check_actions(actions)
         self.pool.step(checked if len(checked) > 1 else next(iter(checked.values())))
         done = self._env_term | self._env_trunc  # [E]
-        final_obs = None
-        if done.any():
-            self._patch_ended(done)
-            final_obs = self._final["obs"]
-        return self._result(done, final_obs)
+        if not done.any():
+            return self._result(done, None)
+        self._patch_ended(done)
+        return self._result(done, self._final["obs"], self._final["state"])
 
     def close(self) -> None:
         """Stop the workers and release the shared memory."""
         self.pool.close()
 
     # --- internals --------------------------------------------------------------------
-    def _result(self, done: np.ndarray, final_obs: Any) -> MultiAgentStep:
+    def _result(
+        self, done: np.ndarray, final_obs: Any, final_state: torch.Tensor | None = None
+    ) -> MultiAgentStep:
         now = self._now
         masks: dict[str, torch.Tensor | None] = {g: None for g in self.groups}
         for g, n in self._n.items():
@@ -206,12 +212,13 @@ class PettingZooVectorEnv:
             state=now["state"],
             env_done=torch.from_numpy(done),
             final_obs=final_obs,
+            final_state=final_state,
         )
 
     def _patch_ended(self, done: np.ndarray) -> None:
         """Rows of ended envs: the step's reward/flags/mask from the final arrays (the
         obs arrays hold the new episode's reset values); restarted envs: truncated for every
-        agent, mask False, reward 0, final observations zero."""
+        agent, mask False, reward 0, final observations and final state zero."""
         ended = np.flatnonzero(self._env_final)
         restarted = np.flatnonzero(done & ~self._env_final)
         now, fin = self._now["np"], self._final["np"]
@@ -225,6 +232,8 @@ class PettingZooVectorEnv:
                 now[g]["mask"][restarted] = 0
                 for leaf in _leaves(self._final["obs"][g]):
                     leaf[restarted] = 0
+        if restarted.size and self._final["state"] is not None:
+            self._final["state"][restarted] = 0
 
     def _check_actions(self, actions: Mapping[str, Any]) -> dict[str, np.ndarray]:
         if not isinstance(actions, Mapping):

@@ -15,7 +15,8 @@ copies it with one memcpy) holding these fields at 8-byte-aligned offsets
     mask/<group>          [A_g] int8               # the agent acted in this step (reset: present)
     alive/<group>         [A_g] int8               # the agent acts in the next step
     action_mask/<group>   [A_g, ceil(n / 8)] uint8 # discrete groups: the mask as packed bits
-    state                 [*state_shape]           # where the env has a global state
+    state                 [*state_shape]           # where the env has a global state:
+                                                   # its state() right after the step
 
     action: {group: [A_g, *act_shape]}             # rows of agents not acting are ignored
                                                    # (one group: the array itself)
@@ -23,8 +24,9 @@ copies it with one memcpy) holding these fields at 8-byte-aligned offsets
 The gymnasium-level step reports ``terminated`` when every agent of the env is done (its
 ``agents`` list is empty, or every agent that acted ended), so the pool's ``SameStep``
 autoreset resets the env in that step and keeps the value above, with the last step's
-rewards and flags, in its final observation rows. The gymnasium reward is the sum of the
-agents' rewards (for logs only; per-agent rewards are in the value).
+rewards and flags and the ended episode's last ``state()`` (read before the reset), in its
+final observation rows. The gymnasium reward is the sum of the agents' rewards (for logs
+only; per-agent rewards are in the value).
 
 Action masks come from the PettingZoo conventions: an observation dict
 ``{"observation": ..., "action_mask": ...}`` (the group's observation space is then the

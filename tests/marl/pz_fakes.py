@@ -179,3 +179,53 @@ class BoxEnv(RaggedEnv):
             {a: float(np.sum(v)) for a, v in actions.items()}
         )
         return obs, rewards, terms, truncs, infos
+
+
+class EpisodeStateEnv(ParallelEnv):
+    """Two agents, both truncated after ``length`` steps; a global state that differs per
+    step and per episode and does not depend on which agents are left:
+    ``state() = [100 * episode + t, u, 1]`` (``episode`` counts this instance's resets, u is
+    drawn at reset from the seeded generator). obs = [t, u, agent index]. With ``crash_at``:
+    raises at that step of the instance's second episode (a worker restart after one ended)."""
+
+    metadata = {"name": "episode_state_v0"}
+
+    def __init__(self, length: int = 3, crash_at: int | None = None):
+        self.possible_agents = ["b_0", "b_1"]
+        self.length, self.crash_at = length, crash_at
+        self.state_space = spaces.Box(-np.inf, np.inf, (3,), np.float32)
+        self.agents: list[str] = []
+        self.rng = np.random.default_rng()
+        self.t, self.u, self.episode = 0, 0.0, 0
+
+    def observation_space(self, agent: str) -> spaces.Space:
+        return spaces.Box(-np.inf, np.inf, (3,), np.float32)
+
+    def action_space(self, agent: str) -> spaces.Space:
+        return spaces.Discrete(2)
+
+    def _obs(self, agent: str) -> np.ndarray:
+        return np.array([self.t, self.u, self.possible_agents.index(agent)], np.float32)
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.t, self.u, self.episode = 0, float(self.rng.random()), self.episode + 1
+        self.agents = list(self.possible_agents)
+        return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        if self.episode == 2 and self.crash_at is not None and self.t + 1 == self.crash_at:
+            raise RuntimeError("EpisodeStateEnv: crashed on purpose")
+        self.t += 1
+        obs = {a: self._obs(a) for a in self.agents}
+        rewards = {a: float(actions[a]) for a in self.agents}
+        terms = {a: False for a in self.agents}
+        truncs = {a: self.t >= self.length for a in self.agents}
+        infos: dict = {a: {} for a in self.agents}
+        if self.t >= self.length:
+            self.agents = []
+        return obs, rewards, terms, truncs, infos
+
+    def state(self) -> np.ndarray:
+        return np.array([100 * self.episode + self.t, self.u, 1.0], np.float32)

@@ -81,7 +81,8 @@ def test_next_fields_and_episode_ends_are_rebuilt_per_env() -> None:
 
 class _FakeEnv:
     """Two envs of three agents: env 0 ends every 3 steps (agent 2 done after its first step),
-    env 1 never; an action mask allows actions <= the agent index; a global state."""
+    env 1 never; an action mask allows actions <= the agent index; a global state (an ended
+    episode's last: -3). ``mask``: the agents that acted in the step (reset: present)."""
 
     def __init__(self) -> None:
         self.num_envs, self.device = E, torch.device("cpu")
@@ -91,15 +92,17 @@ class _FakeEnv:
         self.state_space = spaces.Box(-1e9, 1e9, (S,))
         self.t = torch.zeros(E, dtype=torch.int64)
 
-    def _out(self, reward, term, trunc, done, final) -> MultiAgentStep:
+    def _out(self, reward, term, trunc, done, final, acted=True) -> MultiAgentStep:
         obs = self.t[:, None, None].float().expand(E, A, D) + torch.arange(A)[None, :, None]
         mask = torch.ones(E, A, dtype=torch.bool)
-        mask[0, 2] = self.t[0] == 0
+        mask[0, 2] = acted
+        final_state = None if final is None else torch.full((E, S), -3.0)
         avail = torch.arange(N_ACT)[None, None] <= torch.arange(A)[None, :, None]
         return MultiAgentStep({"agents": obs.clone()}, {"agents": reward}, {"agents": term},
                               {"agents": trunc}, {"agents": mask},
                               {"agents": avail.expand(E, A, N_ACT).clone()},
-                              self.t[:, None].float().expand(E, S).clone(), done, final)  # fmt: skip
+                              self.t[:, None].float().expand(E, S).clone(), done, final,
+                              final_state)  # fmt: skip
 
     def reset(self, *, seed=None) -> MultiAgentStep:
         self.t.zero_()
@@ -109,6 +112,7 @@ class _FakeEnv:
     def step(self, actions) -> MultiAgentStep:
         a = actions["agents"]
         assert (a <= torch.arange(A)).all()  # masked actions never taken
+        acted = bool(self.t[0] == 0)  # agent 2 of env 0 acts in its episode's first step
         self.t += 1
         done = torch.tensor([bool(self.t[0] == 3), False])
         term = torch.zeros(E, A, dtype=torch.bool)
@@ -119,7 +123,7 @@ class _FakeEnv:
             final = {"agents": torch.full((E, A, D), -7.0)}
             self.t[0] = 0
         reward = torch.ones(E, A)
-        return self._out(reward, term, torch.zeros_like(term), done, final)
+        return self._out(reward, term, torch.zeros_like(term), done, final, acted)
 
     def close(self) -> None:
         pass
@@ -140,5 +144,6 @@ def test_the_collector_writes_chunks_the_stream_takes() -> None:
     st.extend(batch)
     out = st.read(np.array([2 * E]))  # env 0's third step: its episode's last
     assert out["next_obs"][0, 0, 0] == -7 and bool(out["terminated"][0])
+    assert (out["next_obs/state"][0] == -3).all()  # the ended episode's last state
     assert collector.stats.count == 2
     assert collector.stats.returns_per_agent() == [3.0, 3.0, 1.0]
