@@ -17,7 +17,8 @@ scheduling shares the CPU between sessions: in one session the pair got one job'
 seed the two sides run side by side (same machine load), seeds one after the other; both with
 BenchMARL's defaults (6,000 frames per batch from 10 envs, minibatch 400, 45 passes, lr 5e-5,
 [256, 256] tanh MLPs, tanh-normal, shared parameters; rlstash without the agent-id input, which
-BenchMARL does not have), one torch thread and one inter-op thread each, evaluation every
+BenchMARL does not have, and without bootstrapping at the 100-step horizon: TorchRL's VmasEnv
+under BenchMARL reports the horizon as terminated, ``bootstrap_truncated=False``), one torch thread and one inter-op thread each, evaluation every
 ``--eval-every`` frames (deterministic, 10 episodes; BenchMARL also evaluates after its first
 batch). Training seconds, wall and CPU, by the same harness clock on both sides: from the end of
 set-up (BenchMARL's ``on_setup``; rlstash's ``drive`` entry) to each evaluation's end, minus
@@ -254,7 +255,7 @@ def _rlstash_learn(
     cfg = TrainConfig(algo=algo, env=f"vmas/{task}", steps=frames, seed=seed, device="cpu",
                       eval_every=eval_every, eval_episodes=10, checkpoint_every=10**9,
                       run_dir=str(workdir), name=f"{algo}-{task}-s{seed}", quiet=True,
-                      agent={"agent_id": False})  # fmt: skip
+                      agent={"agent_id": False, "bootstrap_truncated": False})  # fmt: skip
     train(cfg)
     return CURVE
 
@@ -279,6 +280,7 @@ def cmd_one(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps({"side": args.side, "task": args.task, "algo": args.algo,
                                           "seed": args.seed, "frames": args.frames,
                                           "eval_every": args.eval_every,
+                                          "horizon": "terminal",  # no bootstrap at max_steps
                                           "threads": torch.get_num_threads(),
                                           "wall_seconds": wall,
                                           "cpu_seconds": use.ru_utime + use.ru_stime,

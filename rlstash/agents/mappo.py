@@ -88,6 +88,11 @@ class MAPPOConfig(ConfigMixin):
     n_epochs: int = hp(45, "Passes over each rollout.")
     gamma: float = hp(0.99, "Discount factor.")
     gae_lambda: float = hp(0.9, "GAE lambda.")
+    bootstrap_truncated: bool = hp(
+        True, "Bootstrap an episode cut by a time limit (or a restart) from V(its final "
+        "observation); False: no bootstrap, as if it terminated (BenchMARL's VMAS tasks: "
+        "TorchRL's VmasEnv reports the horizon as terminated)."
+    )  # fmt: skip
     clip_range: float = hp(0.2, "Clip range of the probability ratio.")
     ent_coef: float = hp(0.0, "Entropy bonus coefficient.")
     vf_coef: float = hp(1.0, "Value loss coefficient.")
@@ -330,12 +335,16 @@ class MAPPO:
     def advantages(self, rollout: MultiAgentRollout) -> tuple[torch.Tensor, torch.Tensor]:
         """(advantages, returns) [T, E, A] by GAE per agent (:func:`rlstash.agents.gae.gae`):
         the next value is V(row t + 1), or where the episode ended at t the final
-        observation's value the collector stored (0 for terminated agents: no bootstrap)."""
+        observation's value the collector stored (0 for terminated agents: no bootstrap; no
+        bootstrap at any episode end with ``bootstrap_truncated=False``)."""
         T, E, A = rollout.steps, rollout.num_envs, rollout.n_agents
         v = self.values(rollout.obs, rollout.state)  # [T + 1, E, A]
         next_v = torch.where(rollout.cont, v[1:], rollout.final_value)
+        terminated = rollout.terminated
+        if not self.config.bootstrap_truncated:  # every episode end is terminal
+            terminated = terminated | ~rollout.cont
         flat = lambda x: x.reshape(T, E * A)  # noqa: E731
-        adv, ret = gae(flat(rollout.reward), flat(v[:T]), flat(next_v), flat(rollout.terminated),
+        adv, ret = gae(flat(rollout.reward), flat(v[:T]), flat(next_v), flat(terminated),
                        flat(rollout.cont), self.config.gamma, self.config.gae_lambda)  # fmt: skip
         return adv.reshape(T, E, A), ret.reshape(T, E, A)
 

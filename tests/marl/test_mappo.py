@@ -143,6 +143,18 @@ def test_advantages_are_gae_per_agent_and_stop_at_each_agents_end() -> None:
     # after agent 1's termination its earlier advantage does not see later rewards
     r.reward[3:, 0, 1] += 50.0
     assert torch.allclose(agent.advantages(r)[0][:3, 0, 1], adv[:3, 0, 1], atol=1e-6)
+    # bootstrap_truncated=False: env 1's truncation at t = 4 ends like a termination (no
+    # V(final) in its delta); every other advantage stays as it was
+    agent.config.bootstrap_truncated = False
+    cut, _ = agent.advantages(r)
+    r_t = r.reward[4, 1] - v[4, 1]  # delta of the cut step, without gamma V(final)
+    assert torch.allclose(cut[4, 1], r_t, atol=1e-6)
+    assert not torch.allclose(adv[4, 1], r_t, atol=1e-3)  # with the bootstrap it differed
+    same = torch.ones(T, E, dtype=torch.bool)
+    same[:5, 1] = False  # env 1's steps up to the cut see it
+    assert torch.allclose(cut[same], agent.advantages(r)[0][same], atol=1e-6)
+    agent.config.bootstrap_truncated = True
+    assert torch.allclose(cut[same], agent.advantages(r)[0][same], atol=1e-6)
 
 
 def test_discrete_actions_respect_the_action_mask() -> None:
