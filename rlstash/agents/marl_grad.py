@@ -9,7 +9,7 @@ clipped surrogate, the categorical head)::
 
     w      = m / sum m                                   (m: the agent rows' mask [B, A])
     G      = dL/dlog pi(a|o) = w * (-A rho [unclipped term is the larger])
-    tanh-normal (loc, raw) -> scale = softplus(raw + c) + 1e-4,  z = (u - loc) / scale:
+    tanh-normal (loc, raw) -> scale = softplus(raw + c) + 0.01,  z = (u - loc) / scale:
         dL/dloc = G z / scale,   dL/draw = (G (z^2 - 1) - c_ent w) / scale * sigmoid(raw + c)
     categorical (masked logits):  dL/dl = p (c_ent w (log pi + H) - G) + G onehot(a), 0 where
         the action is unavailable
@@ -32,7 +32,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlstash.agents.marl_nets import ACTIVATIONS, AgentLinear, AgentMLP, softplus_offset
+from rlstash.agents.marl_nets import (
+    ACTIVATIONS,
+    SCALE_MIN,
+    AgentLinear,
+    AgentMLP,
+    softplus_offset,
+)
 from rlstash.agents.ppo_grad import (
     Trunk,
     categorical_grad,
@@ -198,7 +204,7 @@ class MAPPOGrad:
         0 in rows off the mask ``m`` (whatever their action: 0 * inf would be NaN)."""
         loc, raw = out.chunk(2, -1)
         shifted = raw + self.offset
-        scale = nn.functional.softplus(shifted) + 1e-4  # marl_nets.biased_softplus
+        scale = nn.functional.softplus(shifted) + SCALE_MIN  # marl_nets.biased_softplus
         z = torch.where(m[..., None], (u - loc) / scale, 0.0)
         log_scale = scale.log()
         logp = (-0.5 * z.square() - log_scale - 0.5 * LOG_2PI).sum(-1)

@@ -72,12 +72,18 @@ def with_agent_id(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, eye], -1)
 
 
-def softplus_offset(bias: float = 1.0, min_val: float = 1e-4) -> float:
+SCALE_MIN = 0.01
+"""The smallest scale of the tanh-normal policies: the ``min_val`` of tensordict's
+``biased_softplus`` (default 0.01), which BenchMARL's ``biased_softplus_1.0`` mapping uses."""
+
+
+def softplus_offset(bias: float = 1.0, min_val: float = SCALE_MIN) -> float:
     """The b of :func:`biased_softplus`: softplus(0 + b) + min_val = ``bias``."""
     return math.log(math.expm1(bias - min_val))
 
 
-def biased_softplus(x: torch.Tensor, bias: float = 1.0, min_val: float = 1e-4) -> torch.Tensor:
+def biased_softplus(x: torch.Tensor, bias: float = 1.0, min_val: float = SCALE_MIN) -> torch.Tensor:
     """softplus(x + b) + min_val with b chosen so that x = 0 maps to ``bias``: BenchMARL's
-    ``biased_softplus_1.0`` scale mapping of tanh-normal policies."""
+    ``biased_softplus_1.0`` scale mapping of tanh-normal policies (tensordict's
+    ``biased_softplus(1.0)``: the scale never falls below ``min_val`` = 0.01)."""
     return torch.nn.functional.softplus(x + softplus_offset(bias, min_val)) + min_val

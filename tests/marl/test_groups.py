@@ -120,7 +120,7 @@ def _hand_losses(agent: MAPPO, mb: dict, discrete: bool) -> tuple[float, float]:
             logp = torch.log_softmax(out, 1).gather(1, mb["action"][:, i, None]).squeeze(1)
         else:
             loc, raw = out.chunk(2, 1)
-            scale = torch.nn.functional.softplus(raw + math.log(math.expm1(1.0 - 1e-4))) + 1e-4
+            scale = torch.nn.functional.softplus(raw + math.log(math.expm1(1.0 - 0.01))) + 0.01
             z = (mb["action"][:, i] - loc) / scale
             logp = (-0.5 * z**2 - scale.log() - 0.5 * math.log(2 * math.pi)).sum(1)
         ratio = torch.exp(logp - mb["logp"][:, i])

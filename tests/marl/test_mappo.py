@@ -50,7 +50,7 @@ def _hand_losses(agent: MAPPO, mb: dict[str, torch.Tensor]) -> tuple[float, floa
         xin = torch.cat([x, eye[i].expand(B, A)], 1) if shared and cfg.agent_id else x
         out = _mlp(actor, xin, None if shared else i)
         loc, raw = out[:, :ACT], out[:, ACT:]
-        scale = torch.nn.functional.softplus(raw + math.log(math.expm1(1.0 - 1e-4))) + 1e-4
+        scale = torch.nn.functional.softplus(raw + math.log(math.expm1(1.0 - 0.01))) + 0.01
         u = mb["action"][:, i]
         logp = (-0.5 * ((u - loc) / scale) ** 2 - scale.log() - 0.5 * math.log(2 * math.pi)).sum(1)
         ratio = torch.exp(logp - mb["logp"][:, i])
@@ -81,6 +81,19 @@ def test_losses_equal_their_hand_computation(share: bool, config_cls: type) -> N
     assert out["value_loss"].item() == pytest.approx(val, rel=1e-5, abs=1e-6)
     per_agent_params = agent.actor.net[0].weight.shape[0]
     assert per_agent_params == (1 if share else A)
+
+
+def test_the_scale_mapping_is_benchmarls_biased_softplus() -> None:
+    """tensordict's biased_softplus(1.0) (BenchMARL's 'biased_softplus_1.0'): 1 at 0, never
+    below its min_val 0.01 (a floor of 1e-4 let the policy's noise vanish)."""
+    from rlstash.agents.marl_nets import biased_softplus
+
+    x = torch.tensor([-1e4, -20.0, 0.0, 3.0])
+    offset = math.log(math.expm1(1.0 - 0.01))
+    want = torch.nn.functional.softplus(x + offset) + 0.01
+    torch.testing.assert_close(biased_softplus(x), want)
+    assert float(biased_softplus(x)[0]) == pytest.approx(0.01)
+    assert float(biased_softplus(x)[2]) == pytest.approx(1.0)
 
 
 def test_shared_centralised_critic_without_ids_gives_every_agent_one_value() -> None:
