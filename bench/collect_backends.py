@@ -217,31 +217,10 @@ def _stream(env, n: int, lane: int = 4096):
 
 
 def _envpool_stream(env_id: str, n: int, threads: int, batch: int | None = None):
-
-    import torch
-
-    from rlstash.collect.async_batches import AsyncBatchCollector
-    from rlstash.collect.sync import Collector
     from rlstash.envs.envpool_env import EnvPoolVectorEnv
 
     env = EnvPoolVectorEnv(env_id, n, seed=0, num_threads=threads, batch_size=batch)
-    store = _stream(env, n)
-    sample = _sampler(env.single_action_space, n)
-    if batch is None:
-        collector = Collector(env, lambda obs: torch.as_tensor(sample()), n * T, device="cpu")
-        collector.reset(seed=0)
-
-        def run(k: int) -> None:  # k operations of T steps each (the rate is scaled by T)
-            for _ in range(k):
-                collector.collect_into(store)
-
-        return run, env.close
-    collector = AsyncBatchCollector(env, lambda obs, ids: sample()[: len(ids)])
-
-    def run_async(k: int) -> None:
-        collector.collect_into(store, steps=k * n)
-
-    return run_async, env.close
+    return _stream_runner(env, n, batch)
 
 
 def _pool_async(env_id: str, n: int, batch: int):
@@ -262,31 +241,38 @@ def _pool_async(env_id: str, n: int, batch: int):
 
 
 def _pool_stream(env_id: str, n: int, batch: int | None, **layout):
+    from rlstash.envs import ProcessPoolVectorEnv
 
+    pool = ProcessPoolVectorEnv(gym_source(env_id), n, seed=0, batch_size=batch, **layout)
+    return _stream_runner(pool, n, batch)
+
+
+def _stream_runner(env, n: int, batch: int | None):
+    """(run(k), close) of random actions from ``env`` into a stream replay: the synchronous
+    Collector (k operations of T steps; the rate is scaled by T) or, with ``batch``, the
+    AsyncBatchCollector (k * n env steps)."""
     import torch
 
     from rlstash.collect.async_batches import AsyncBatchCollector
     from rlstash.collect.sync import Collector
-    from rlstash.envs import ProcessPoolVectorEnv
 
-    pool = ProcessPoolVectorEnv(gym_source(env_id), n, seed=0, batch_size=batch, **layout)
-    store = _stream(pool, n)
-    sample = _sampler(pool.single_action_space, n)
+    store = _stream(env, n)
+    sample = _sampler(env.single_action_space, n)
     if batch is None:
-        collector = Collector(pool, lambda obs: torch.as_tensor(sample()), n * T, device="cpu")
+        collector = Collector(env, lambda obs: torch.as_tensor(sample()), n * T, device="cpu")
         collector.reset(seed=0)
 
-        def run(k: int) -> None:  # k operations of T steps each (the rate is scaled by T)
+        def run(k: int) -> None:
             for _ in range(k):
                 collector.collect_into(store)
 
-        return run, pool.close
-    async_collector = AsyncBatchCollector(pool, lambda obs, ids: sample()[: len(ids)])
+        return run, env.close
+    async_collector = AsyncBatchCollector(env, lambda obs, ids: sample()[: len(ids)])
 
     def run_async(k: int) -> None:
         async_collector.collect_into(store, steps=k * n)
 
-    return run_async, pool.close
+    return run_async, env.close
 
 
 def cell(env_name: str, n: int, reps: int, target_s: float, peers: tuple = PEERS) -> dict:

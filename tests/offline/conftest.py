@@ -44,10 +44,11 @@ def dict_env(max_steps: int = 30):
     return gym.wrappers.TimeLimit(_DictEnv(), max_steps)
 
 
-def collect(dataset_id: str, env, steps: int, seed: int = 0):
-    """A Minari dataset of ``steps`` random-action steps of ``env`` made by DataCollector."""
+def collect(dataset_id: str, env, steps: int, seed: int = 0, record_infos: bool = False):
+    """A Minari dataset of ``steps`` random-action steps of ``env`` made by DataCollector
+    (``record_infos``: DataCollector's own option, the step infos kept)."""
     minari = pytest.importorskip("minari", reason="Minari tests need rlstash[minari]")
-    collector = minari.DataCollector(env)
+    collector = minari.DataCollector(env, record_infos=record_infos)
     collector.reset(seed=seed)
     collector.action_space.seed(seed)
     for _ in range(steps):

@@ -49,22 +49,6 @@ class WideEnv(gym.Env):
         return obs, float(self.t), bool(self.np_random.random() < 0.05), False, self._info()
 
 
-def collect_infos(dataset_id, env, steps, seed=0):
-    """A DataCollector(record_infos=True) dataset of ``steps`` random steps of ``env``."""
-    collector = minari.DataCollector(env, record_infos=True)
-    collector.reset(seed=seed)
-    collector.action_space.seed(seed)
-    for _ in range(steps):
-        _, _, term, trunc, _ = collector.step(collector.action_space.sample())
-        if term or trunc:
-            collector.reset()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        ds = collector.create_dataset(dataset_id=dataset_id, algorithm_name="random")
-    collector.close()
-    return ds
-
-
 @pytest.mark.filterwarnings("ignore:env_spec is None")
 def test_loading_copies_each_episode_once_into_the_planned_storage(minari_path):
     """The storage's slots are planned first; the numpy temporaries of a load stay an
@@ -100,7 +84,7 @@ def test_loading_copies_each_episode_once_into_the_planned_storage(minari_path):
 @pytest.mark.filterwarnings("ignore:env_spec is None")
 def test_infos_are_kept_on_request_and_exported_back_equal(minari_path):
     env = gym.wrappers.TimeLimit(WideEnv(4), 25)
-    ds = collect_infos("test/infos-v0", env, steps=200)
+    ds = collect("test/infos-v0", env, steps=200, record_infos=True)
     rb = ReplayBuffer.from_minari(ds, infos=True, seed=0)
     st = rb.storage
     assert {"info/x", "info/vec", "info/hit"} <= set(st.slot_spec)
@@ -131,7 +115,9 @@ def test_infos_are_kept_on_request_and_exported_back_equal(minari_path):
 
 @pytest.mark.filterwarnings("ignore:env_spec is None")
 def test_unsupported_infos_are_skipped_with_a_warning_or_refused_by_name(minari_path):
-    ds = collect_infos("test/big-v0", gym.wrappers.TimeLimit(WideEnv(4, True), 20), steps=60)
+    ds = collect(
+        "test/big-v0", gym.wrappers.TimeLimit(WideEnv(4, True), 20), steps=60, record_infos=True
+    )
     with pytest.warns(UserWarning, match=r"skipped big \(uint64"):
         st = mds.from_minari(ds, infos=True)
     assert "info/big" not in st.slot_spec and "info/x" in st.slot_spec
