@@ -199,11 +199,7 @@ def render(cells: list[dict], info: dict, cmd: str, load: tuple[str, str]) -> st
     ]
     for c in cells:
         base = c["rates"].get("envpool")
-        row = []
-        for p in PEERS:
-            r = c["rates"].get(p)
-            ratio = f" ({r / base:.2f}x)" if r and base else ""
-            row.append("–" if r is None else f"{common.fmt_rate(r)}{ratio}")
+        row = [common.rate_cell(c["rates"].get(p), base) for p in PEERS]
         load_c = c.get("others_load")
         spread = max((max(v) - min(v)) / sorted(v)[len(v) // 2] for v in c["all"].values())
         lines.append(

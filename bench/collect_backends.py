@@ -378,14 +378,7 @@ def render(cells: list[dict], info: dict, args: argparse.Namespace) -> str:
     ]
     for c in cells:
         raw = c["rates"].get("raw")
-        row = []
-        for p in peers:
-            r = c["rates"].get(p)
-            if r is None:
-                row.append("–")
-            else:
-                ratio = f" ({r / raw:.2f}x)" if raw else ""
-                row.append(f"{common.fmt_rate(r)}{ratio}")
+        row = [common.rate_cell(c["rates"].get(p), raw) for p in peers]
         load = c.get("others_load")
         load_text = "?" if load is None else f"{load:.2f}"
         spread = sorted(c["spread"].values())

@@ -117,6 +117,14 @@ def gb_per_s(rate: float, nbytes: int) -> float:
     return rate * nbytes / 1e9
 
 
+def rate_cell(rate: float | None, base: float | None) -> str:
+    """A table cell: the rate and its ratio to ``base`` ('12.3k (1.50x)'); '–' without a rate,
+    no ratio without a base."""
+    if rate is None:
+        return "–"
+    return fmt_rate(rate) + (f" ({rate / base:.2f}x)" if base else "")
+
+
 def fmt_rate(x: float | None) -> str:
     """12345.6 -> '12.3k'; None/NaN -> '—'."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
