@@ -32,6 +32,14 @@ class EpisodeStats:
         return float(np.mean(r)) if r else float("nan")
 
 
+def episode_quota(episodes: int, num_envs: int) -> np.ndarray:
+    """How many of ``episodes`` evaluation episodes each of ``num_envs`` envs runs: env ``i``
+    runs ``(episodes + i) // num_envs`` (Stable-Baselines3's ``evaluate_policy`` split). An
+    evaluator that instead kept the first ``episodes`` episodes to end over-represents short
+    ones (an env whose episodes fail fast ends several before a long one ends once)."""
+    return np.array([(episodes + i) // num_envs for i in range(num_envs)], np.int64)
+
+
 class EpisodeTracker:
     """Running returns and lengths of ``num_envs`` lanes; finished episodes go to ``stats``
     in row order (within a row, env order), as a row-by-row loop would append them."""

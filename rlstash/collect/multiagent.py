@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from rlstash.collect.episodes import episode_quota
 from rlstash.envs.multiagent import (
     MultiAgentStep,
     MultiAgentVectorEnv,
@@ -165,22 +166,29 @@ class MultiAgentCollector:
         self, agent: Any, episodes: int, deterministic: bool = True,
         on_step: Any = None,
     ) -> dict[str, Any]:  # fmt: skip
-        """Run ``env`` (fresh, its own envs) until ``episodes`` episodes ended, acting by
-        ``agent``; {"returns": [episodes] mean-over-agents returns, "lengths", "per_agent"
-        [episodes, A] (every group's agents, :attr:`agent_names` order)} (host arrays).
-        Resets the env first; ``on_step(step)`` (if given) sees the reset and every step."""
+        """Run ``env`` (fresh, its own envs) for ``episodes`` episodes, acting by ``agent``:
+        env ``i`` runs ``(episodes + i) // num_envs`` of them
+        (:func:`~rlstash.collect.episodes.episode_quota`: with one per env, each env's first
+        episode, as BenchMARL's evaluation; the first episodes to end would over-represent
+        short ones). {"returns": [episodes] mean-over-agents returns, "lengths",
+        "per_agent" [episodes, A] (every group's agents, :attr:`agent_names` order)} (host
+        arrays, in the order the episodes ended). Resets the env first; ``on_step(step)`` (if
+        given) sees the reset and every step."""
         import numpy as np
 
+        if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes <= 0:
+            raise ValueError(f"episodes: expected a positive int, got {episodes!r}")
         agents = self.agents_of(agent)
         step = self.env.reset()
         if on_step is not None:
             on_step(step)
         E = self.num_envs
+        target, count = episode_quota(episodes, E), np.zeros(E, np.int64)
         running = torch.zeros(E, self.n_agents, device=self.env.device)
         length = torch.zeros(E, dtype=torch.int64, device=self.env.device)
         done_returns: list[Any] = []
         lengths: list[int] = []
-        while len(done_returns) < episodes:
+        while (count < target).any():
             acts = {g: a.act(self.obs(step, g), step.action_mask[g], deterministic)[1]
                     for g, a in agents.items()}  # fmt: skip
             nxt = self.env.step(acts)
@@ -191,8 +199,10 @@ class MultiAgentCollector:
             length += 1
             ended = step.env_done.nonzero().flatten().tolist()  # evaluation: host reads are fine
             for i in ended:
-                done_returns.append(running[i].cpu().numpy().copy())
-                lengths.append(int(length[i]))
+                if count[i] < target[i]:  # an env past its quota runs on, uncounted
+                    done_returns.append(running[i].cpu().numpy().copy())
+                    lengths.append(int(length[i]))
+                    count[i] += 1
             if ended:
                 running[step.env_done] = 0
                 length[step.env_done] = 0

@@ -48,7 +48,7 @@ from rlstash.collect.env_contract import (
     looks_like_rsl_rl,
     rsl_rl_refusal,
 )
-from rlstash.collect.episodes import EpisodeStats, EpisodeTracker
+from rlstash.collect.episodes import EpisodeStats, EpisodeTracker, episode_quota
 from rlstash.core import Acts
 from rlstash.device import Delivery, is_cuda, resolve_device
 from rlstash.spec import Batch
@@ -271,7 +271,7 @@ def _as_policy(policy: Any, deterministic: bool) -> Policy:
 
 def _run_episodes(c: Collector, episodes: int, seed: int | None) -> tuple[list[float], list[int]]:
     n = c.num_envs
-    target = np.array([(episodes + i) // n for i in range(n)])
+    target = episode_quota(episodes, n)
     count = np.zeros(n, np.int64)
     ret, length = np.zeros(n), np.zeros(n, np.int64)
     returns: list[float] = []
