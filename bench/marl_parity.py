@@ -8,7 +8,8 @@ From BenchMARL's own set-up of MAPPO on a VMAS task (its defaults, seed ``--seed
 
 1. **One batch, the same weights.** BenchMARL collects one 6,000-frame batch; rlstash's
    :class:`~rlstash.agents.mappo.MAPPO` (``agent_id=False``, ``bootstrap_truncated=False``, the
-   settings ``bench/marl.py`` runs) gets BenchMARL's initial actor and critic weights. Compared:
+   settings ``bench/marl.py`` runs) gets BenchMARL's initial actor and critic weights (first
+   compared with the ones rlstash draws itself from the same seed). Compared:
    the tanh-normal's loc and scale on the batch, the critic's values, GAE's advantages and
    value targets (rlstash's :func:`~rlstash.agents.gae.gae` against BenchMARL's
    ``process_batch``), then one pass of 15 minibatch steps (400 env steps each, one order):
@@ -96,6 +97,11 @@ def one_batch(task: str, seed: int) -> list[str]:
                 r[0].copy_(_as_rlstash(b, tr))
         return agent
 
+    own = MAPPO(A, D, bounds=(-torch.ones(act_dim), torch.ones(act_dim)),
+                config=MAPPOConfig(agent_id=False, compile=False, seed=seed))  # fmt: skip
+    init = max(float((r.detach()[0] - _as_rlstash(b, tr)).abs().max())
+               for _, b, r, tr in _layers(loss, own))  # fmt: skip
+    lines.append(f"| initial weights, rlstash's own for seed {seed} (no copy) | {init:.2e} | - |")
     agent = agent_for("autograd")
     obs = batch["agents", "observation"]
     with torch.no_grad():

@@ -7,7 +7,9 @@ each agent has its own weights, all agents computed in one batched matmul::
     shared:       y[b, a] = MLP(x[b, a])                 weights [in, out]
     independent:  y[b, a] = MLP_a(x[b, a])               weights [A, in, out] (einsum over a)
 
-Initialisation is torch's ``nn.Linear`` default (uniform in +-1/sqrt(in)), as BenchMARL's MLPs.
+Initialisation is torch's ``nn.Linear`` default (uniform in +-1/sqrt(in)), draw for draw: with
+shared weights the same seed builds the same network as the ``nn.Linear`` layers of TorchRL's
+and BenchMARL's MLPs made in the same order.
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ class AgentLinear(nn.Module):
         groups = 1 if n_agents is None else n_agents
         bound = 1.0 / math.sqrt(n_in)
         self.n_agents = n_agents
-        self.weight = nn.Parameter(torch.empty(groups, n_in, n_out).uniform_(-bound, bound))
+        # nn.Linear's draws (weight [out, in], then bias), kept as [in, out]: from one seed a
+        # shared layer is the nn.Linear built in its place (TorchRL's and BenchMARL's MLPs)
+        weight = torch.empty(groups, n_out, n_in).uniform_(-bound, bound)
+        self.weight = nn.Parameter(weight.transpose(1, 2).contiguous())
         self.bias = nn.Parameter(torch.empty(groups, n_out).uniform_(-bound, bound))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -205,3 +205,21 @@ def test_an_update_on_a_rollout_moves_the_policy_and_keeps_its_metrics_on_device
     twin.load_state_dict(state)
     obs = torch.randn(2, A, D)
     assert torch.equal(twin.act(obs, deterministic=True)[1], agent.act(obs, deterministic=True)[1])
+
+
+def test_shared_networks_are_nn_linear_draw_for_draw() -> None:
+    """From one seed MAPPO's shared actor and critic are the nn.Linear MLPs built in their
+    place (TorchRL's and BenchMARL's), weights and biases equal: the same seed starts both
+    libraries from the same network (bench/marl_parity.py)."""
+    cfg = MAPPOConfig(agent_id=False, compile=False, seed=7)
+    agent = MAPPO(A, D, bounds=(LOW, HIGH), config=cfg)
+    torch.manual_seed(7)
+    torch_nets = [
+        [torch.nn.Linear(i, o) for i, o in ((D, 256), (256, 256), (256, 2 * ACT))],
+        [torch.nn.Linear(i, o) for i, o in ((A * D, 256), (256, 256), (256, 1))],
+    ]
+    for mine, theirs in zip((agent.actor, agent.critic), torch_nets):
+        layers = [m for m in mine.net if not isinstance(m, torch.nn.Tanh)]
+        for layer, linear in zip(layers, theirs, strict=True):
+            assert torch.equal(layer.weight[0], linear.weight.T)
+            assert torch.equal(layer.bias[0], linear.bias)
