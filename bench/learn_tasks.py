@@ -19,6 +19,7 @@ import contextlib
 import csv
 import io
 import re
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -116,6 +117,15 @@ SAME_DQN = {
 # learning_starts 100, one update per step); the buffer holds the whole run on both sides.
 # Left different: SB3 acts uniformly at random for its first 100 steps, rlstash with its policy.
 SAME_SAC = {"buffer_size": 15_000, "compile": False}
+# SAC Hopper-v5 (issue 26's "medium" policy; a termination/truncation defect shows only where
+# episodes end early, which HalfCheetah's never do): SB3's SAC defaults on both sides, nothing
+# set (1M buffer, learning_starts 100, one update per env step), rlstash as `rlstash train
+# --algo sac --env Hopper-v5` runs it (compile="auto": eager, compiled after 60 s of updates;
+# tests/agents/test_compiled.py: the compiled update equals the eager one). The rlstash run is
+# kept in bench/.work/learn_runs/ with a checkpoint at each evaluation (bench/keep_checkpoint.py
+# copies the one of a good evaluation aside). Threshold: a third of D4RL's Hopper
+# expert return (3234.3 / 3), the "medium" target of bench/make_offline_data.py.
+SAC_HOPPER_THRESHOLD = 1078.1
 # The zoo's TD3 in rlstash's terms: Pendulum's episodes are 200 steps (time limit, no early
 # termination), so SB3's train_freq (1, "episode") with gradient_steps -1 is 200 updates every
 # 200 env steps; 10,000 uniformly random steps before learning (SB3: learning_starts); batch
@@ -159,6 +169,9 @@ TASKS: dict[str, dict[str, Any]] = {
                          "sb3": SAME_PPO_CHEETAH, "group": "same",
                          "eval_every": 10_000, "eval_episodes": 5,
                          "returns_at": CHEETAH_RETURNS_AT},
+    "sac_hopper": {"algo": "sac", "env": "Hopper-v5", "threshold": SAC_HOPPER_THRESHOLD,
+                   "budget": 100_000, "rlstash": {}, "sb3": {}, "group": "same",
+                   "eval_every": 5000, "eval_episodes": 10, "keep_run": True},
     # End to end with compiled updates (issue 15): rlstash with compile=True against the SB3
     # runs of the eager part (same settings, shared runs); reported as env steps/s.
     "ppo_compile": {"algo": "ppo", "env": "CartPole-v1", "threshold": 475.0, "budget": 100_000,
@@ -173,6 +186,7 @@ TASKS: dict[str, dict[str, Any]] = {
 # What `rlstash train` says once with compile=True (rlstash/train/runlog.py::note_compile).
 COMPILED = re.compile(r"compiled the update in ([0-9.]+) s")
 EVAL_EVERY = 1000
+RUNS = Path(__file__).resolve().parent / ".work" / "learn_runs"  # parts with keep_run
 EVAL_EPISODES = 10
 LIBS = ("rlstash", "sb3")
 
@@ -199,12 +213,17 @@ def run_rlstash(part: str, seed: int, budget: int) -> dict:
     overrides = dict(task["rlstash"] or {})
     loop = {k: v for k, v in overrides.items() if k in LOOP_SETTINGS}
     agent = {k: v for k, v in overrides.items() if k not in LOOP_SETTINGS}
-    with tempfile.TemporaryDirectory(prefix="rlstash-learn-") as tmp:
+    kept = RUNS / f"{part}-s{seed}" if task.get("keep_run") else None
+    if kept is not None:  # a fresh run each time (a run directory holds one run)
+        shutil.rmtree(kept, ignore_errors=True)
+        kept.mkdir(parents=True)
+    where: Any = contextlib.nullcontext(str(kept)) if kept else None
+    with where or tempfile.TemporaryDirectory(prefix="rlstash-learn-") as tmp:
         cfg = TrainConfig(
             algo=task["algo"], env=task["env"], steps=budget, seed=seed, run_dir=tmp,
             name="run", eval_every=eval_every, eval_episodes=eval_episodes,
             threshold=task["threshold"], patience=10**9, quiet=True, device="cpu",
-            checkpoint_every=10 * budget, agent=agent, **loop,
+            checkpoint_every=eval_every if kept else 10 * budget, agent=agent, **loop,
         )  # fmt: skip
         start = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()) as out:  # what the trainer says
@@ -220,37 +239,43 @@ def run_rlstash(part: str, seed: int, budget: int) -> dict:
                 [int(r["step"]), float(r["train_seconds"]), float(r["return_mean"])]
                 for r in csv.DictReader(fh)
             ]
-    settings = overrides or _preset(task["algo"], task["env"])
+    settings = overrides or _preset(task["algo"], task["env"]) or "defaults (no env preset)"
     said = COMPILED.search(out.getvalue())
     return {"curve": curve, "steps": result.steps, "train_seconds": result.train_seconds,
             "wall_seconds": wall, "settings": settings, "updates_at": progress,
-            "compile_seconds": float(said.group(1)) if said else None}  # fmt: skip
+            "compile_seconds": float(said.group(1)) if said else None,
+            **({"run_dir": str(kept / "run")} if kept else {})}  # fmt: skip
 
 
 def _preset(algo: str, env: str) -> dict:
     from rlstash.train.algos import ALGOS
 
-    preset = ALGOS[algo].presets[env]
+    preset = ALGOS[algo].presets.get(env, {})
     return {k: list(v) if isinstance(v, tuple) else v for k, v in preset.items()}
 
 
 def run_sb3(part: str, seed: int, budget: int) -> dict:
     """One SB3 run with the part's settings; evaluation time is excluded from the clock."""
     task = TASKS[part]
-    clock = _eval_clock(task["env"], seed, *schedule(part))
+    log = RUNS / f"{part}-sb3-s{seed}.csv" if task.get("keep_run") else None
+    clock = _eval_clock(task["env"], seed, *schedule(part), log=log)
     model = _sb3_ppo(task, seed) if task["algo"] == "ppo" else _sb3_off_policy(task, seed)
     start = time.perf_counter()
     model.learn(total_timesteps=budget, callback=clock)
     wall = time.perf_counter() - start
     train_s = wall - clock.excluded
     return {"curve": clock.curve, "steps": model.num_timesteps, "train_seconds": train_s,
-            "wall_seconds": wall, "settings": task["sb3"],
+            "wall_seconds": wall, "settings": task["sb3"] or "defaults",
             "updates_at": [model._n_updates, train_s]}  # fmt: skip
 
 
-def _eval_clock(env_id: str, seed: int, eval_every: int, episodes: int) -> Any:
+def _eval_clock(
+    env_id: str, seed: int, eval_every: int, episodes: int, log: Path | None = None
+) -> Any:
     """An SB3 callback: every ``eval_every`` env steps stop the clock, evaluate ``episodes``
-    deterministic episodes on separate envs, restart the clock."""
+    deterministic episodes on separate envs, restart the clock. With ``log``, each evaluation
+    is also appended there as it happens (step,train_seconds,return_mean: a long run's curve
+    so far, as rlstash's eval.csv)."""
     import gymnasium as gym
     import numpy as np
     from stable_baselines3.common.callbacks import BaseCallback
@@ -284,6 +309,11 @@ def _eval_clock(env_id: str, seed: int, eval_every: int, episodes: int) -> Any:
                     return_episode_rewards=True,
                 )  # fmt: skip
                 self.curve.append([self.num_timesteps, train_s, float(np.mean(returns))])
+                if log is not None:
+                    log.parent.mkdir(parents=True, exist_ok=True)
+                    with open(log, "a" if len(self.curve) > 1 else "w") as fh:
+                        fh.write("step,train_seconds,return_mean\n" if len(self.curve) == 1 else "")
+                        fh.write(",".join(map(str, self.curve[-1])) + "\n")
                 self.excluded += time.perf_counter() - t0
             return True
 
@@ -348,7 +378,9 @@ def worker(task: dict) -> dict:
         return updates.measure(task["name"])
     fn = run_rlstash if task["lib"] == "rlstash" else run_sb3
     if not TASKS[task["part"]].get("update_rate"):
-        return fn(task["part"], task["seed"], task["budget"])
+        cpu = time.process_time()  # this process's CPU seconds (evaluations included)
+        out = fn(task["part"], task["seed"], task["budget"])
+        return {**out, "cpu_seconds": round(time.process_time() - cpu, 1)}
     import updates  # the matmul rate of this process, before and after the run
 
     before = updates.matmul_flops()
