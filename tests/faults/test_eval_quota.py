@@ -10,33 +10,23 @@ and the others' last 5 steps with return +5: 4 episodes on 4 envs are one per en
 from __future__ import annotations
 
 import gymnasium as gym
-import numpy as np
 import torch
 from gymnasium import spaces
 
 from rlstash.collect.multiagent import MultiAgentCollector
 from rlstash.collect.sync import Collector
 from rlstash.envs.multiagent import MultiAgentStep
+from tests.test_video import Blink
 
 LENGTHS = [1, 5, 5, 5]  # env 0 ends at once (a fall), the others run 5 steps
 
 
-class ShortOrLong(gym.Env):
-    observation_space = spaces.Box(-1.0, 1.0, (1,))
-    action_space = spaces.Discrete(2)
-
-    def __init__(self, length: int) -> None:
-        self.length, self.t = length, 0
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t = 0
-        return np.zeros(1, np.float32), {}
+class ShortOrLong(Blink):
+    """Blink's episodes of ``length`` steps, each step rewarded -1 if length is 1, else +1."""
 
     def step(self, action):
-        self.t += 1
-        reward = -1.0 if self.length == 1 else 1.0
-        return np.zeros(1, np.float32), reward, self.t >= self.length, False, {}
+        obs, _, term, trunc, info = super().step(action)
+        return obs, -1.0 if self.length == 1 else 1.0, term, trunc, info
 
 
 def test_single_agent_rollout_runs_each_envs_share() -> None:
