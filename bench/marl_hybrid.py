@@ -30,9 +30,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from setup_marl import ensure_marl_venv  # noqa: E402
 
-ACTOR = "actor_network_params.module.0.module.0.mlp.params."
-CRITIC = "critic_network_params.module.0.mlp.params."
-
 
 def run(task: str, seed: int, frames: int, eval_every: int) -> dict:
     import torch
@@ -41,6 +38,7 @@ def run(task: str, seed: int, frames: int, eval_every: int) -> dict:
     torch.set_num_interop_threads(1)
     import marl as bench_marl
     from benchmarl.experiment import Experiment
+    from marl_parity import _as_rlstash, _layers, rows_of
     from tensordict import TensorDict
 
     from rlstash.agents.mappo import MAPPO, MAPPOConfig
@@ -49,14 +47,6 @@ def run(task: str, seed: int, frames: int, eval_every: int) -> dict:
     agent: MAPPO | None = None
     calls = [0]
     per_iter = 45 * (6000 // 400)  # BenchMARL's minibatch steps per iteration
-
-    def pairs(loss):  # noqa: ANN001, ANN202
-        bp = dict(loss.named_parameters())
-        for pre, net in ((ACTOR, agent.actor), (CRITIC, agent.critic)):
-            lins = [m for m in net.net if hasattr(m, "weight")]
-            for i, lin in zip((0, 2, 4), lins):
-                yield bp[f"{pre}{i}.weight"], lin.weight, True
-                yield bp[f"{pre}{i}.bias"], lin.bias, False
 
     def optimizer_loop(self, group):  # noqa: ANN001, ANN202
         nonlocal agent
@@ -71,21 +61,17 @@ def run(task: str, seed: int, frames: int, eval_every: int) -> dict:
             agent = MAPPO(n_agents, obs_dim, bounds=(-torch.ones(act_dim), torch.ones(act_dim)),
                           config=cfg)  # fmt: skip
             with torch.no_grad():  # BenchMARL's initial weights into rlstash's networks
-                for b, r, w in pairs(loss):
-                    r.data[0] = b.data.T if w else b.data
+                for _, b, r, tr in _layers(loss, agent):
+                    r[0].copy_(_as_rlstash(b, tr))
         if calls[0] % per_iter == 0:  # the iteration's whole update, by rlstash
             data = buffer.storage._storage[: len(buffer)]
-            u = torch.atanh(data["agents", "action"].clamp(-1 + 1e-6, 1 - 1e-6))
-            rows = {"obs": data["agents", "observation"], "action": u,
-                    "advantages": data["agents", "advantage"].squeeze(-1),
-                    "returns": data["agents", "value_target"].squeeze(-1),
-                    "mask": torch.ones(u.shape[:2], dtype=torch.bool)}  # fmt: skip
+            rows = rows_of(data)
             with torch.no_grad():
-                rows["logp"] = agent.log_prob(rows["obs"], u)[0]
+                rows["logp"] = agent.log_prob(rows["obs"], rows["action"])[0]
             agent.learn(rows)
             with torch.no_grad():  # back into BenchMARL's networks (its policy collects)
-                for b, r, w in pairs(loss):
-                    b.data.copy_(r.data[0].T if w else r.data[0])
+                for _, b, r, tr in _layers(loss, agent):
+                    b.data.copy_(r.detach()[0].T if tr else r.detach()[0])
         calls[0] += 1
         return TensorDict({"loss_objective": torch.zeros(()), "loss_critic": torch.zeros(())}, [])
 

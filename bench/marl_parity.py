@@ -73,6 +73,18 @@ def _as_rlstash(p, transposed: bool):  # noqa: ANN001, ANN202
     return p.detach().T if transposed else p.detach()
 
 
+def rows_of(td):  # noqa: ANN001, ANN202
+    """BenchMARL's processed rows [N] as MAPPO.learn's fields (without ``logp``): the pre-tanh
+    sample recovered from the action as its TanhNormal does (atanh of it clamped to 1 - 1e-6)."""
+    import torch
+
+    u = torch.atanh(td["agents", "action"].clamp(-1 + 1e-6, 1 - 1e-6))
+    return {"obs": td["agents", "observation"], "action": u,
+            "advantages": td["agents", "advantage"].squeeze(-1),
+            "returns": td["agents", "value_target"].squeeze(-1),
+            "mask": torch.ones(u.shape[:2], dtype=torch.bool)}  # fmt: skip
+
+
 def one_batch(task: str, seed: int) -> list[str]:
     import torch
 
@@ -153,13 +165,9 @@ def one_batch(task: str, seed: int) -> list[str]:
                 r[0].copy_(before[name])
         mine_mbs = []
         for mb in mbs:  # the old policy's log-probs: from the weights before the pass
-            u = torch.atanh(mb["agents", "action"].clamp(-1 + 1e-6, 1 - 1e-6))  # pre-tanh
-            mine = {"obs": mb["agents", "observation"], "action": u,
-                    "advantages": mb["agents", "advantage"].squeeze(-1),
-                    "returns": mb["agents", "value_target"].squeeze(-1),
-                    "mask": torch.ones(len(u), A, dtype=torch.bool)}  # fmt: skip
+            mine = rows_of(mb)
             with torch.no_grad():
-                mine["logp"] = agent.log_prob(mine["obs"], u)[0]
+                mine["logp"] = agent.log_prob(mine["obs"], mine["action"])[0]
             mine_mbs.append(mine)
         for mine in mine_mbs:
             metrics = agent._minibatch(mine)  # ... actor_grad_norm, critic_grad_norm
@@ -188,12 +196,8 @@ def iterations(task: str, seed: int, k: int = 2, epochs: int = 5) -> list[str]:
     exp = _experiment(task, seed)
     loss, opts = exp.losses["agents"], exp.optimizers["agents"]
     rows = exp.algorithm.process_batch("agents", next(iter(exp.collector))).reshape(-1)
-    n, A = rows.shape[0], rows["agents", "observation"].shape[-2]
-    u = torch.atanh(rows["agents", "action"].clamp(-1 + 1e-6, 1 - 1e-6))
-    data = {"obs": rows["agents", "observation"], "action": u,
-            "advantages": rows["agents", "advantage"].squeeze(-1),
-            "returns": rows["agents", "value_target"].squeeze(-1),
-            "mask": torch.ones(n, A, dtype=torch.bool)}  # fmt: skip
+    data = rows_of(rows)
+    n, A, u = rows.shape[0], data["mask"].shape[1], data["action"]
     agents = {}
     for backward in ("autograd", "written"):
         cfg = MAPPOConfig(agent_id=False, bootstrap_truncated=False, compile=False,

@@ -36,7 +36,10 @@ def episode_quota(episodes: int, num_envs: int) -> np.ndarray:
     """How many of ``episodes`` evaluation episodes each of ``num_envs`` envs runs: env ``i``
     runs ``(episodes + i) // num_envs`` (Stable-Baselines3's ``evaluate_policy`` split). An
     evaluator that instead kept the first ``episodes`` episodes to end over-represents short
-    ones (an env whose episodes fail fast ends several before a long one ends once)."""
+    ones (an env whose episodes fail fast ends several before a long one ends once). Refuses
+    an ``episodes`` that is not a positive int."""
+    if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes <= 0:
+        raise ValueError(f"episodes: expected a positive int, got {episodes!r}")
     return np.array([(episodes + i) // num_envs for i in range(num_envs)], np.int64)
 
 

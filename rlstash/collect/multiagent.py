@@ -176,14 +176,13 @@ class MultiAgentCollector:
         given) sees the reset and every step."""
         import numpy as np
 
-        if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes <= 0:
-            raise ValueError(f"episodes: expected a positive int, got {episodes!r}")
+        target = episode_quota(episodes, self.num_envs)  # refuses a bad count before resetting
         agents = self.agents_of(agent)
         step = self.env.reset()
         if on_step is not None:
             on_step(step)
         E = self.num_envs
-        target, count = episode_quota(episodes, E), np.zeros(E, np.int64)
+        count = np.zeros(E, np.int64)
         running = torch.zeros(E, self.n_agents, device=self.env.device)
         length = torch.zeros(E, dtype=torch.int64, device=self.env.device)
         done_returns: list[Any] = []
@@ -206,8 +205,8 @@ class MultiAgentCollector:
             if ended:
                 running[step.env_done] = 0
                 length[step.env_done] = 0
-        per_agent = np.stack(done_returns[:episodes])
-        return {"returns": per_agent.mean(1), "lengths": np.asarray(lengths[:episodes]),
+        per_agent = np.stack(done_returns)
+        return {"returns": per_agent.mean(1), "lengths": np.asarray(lengths),
                 "per_agent": per_agent}  # fmt: skip
 
     def close(self) -> None:

@@ -250,12 +250,11 @@ class Collector:
         episodes, so short episodes are not over-represented. Returns host arrays
         ``returns`` and ``lengths``; the env is reset afterwards.
         """
-        if not isinstance(episodes, int) or episodes <= 0:
-            raise ValueError(f"episodes: expected a positive int, got {episodes!r}")
+        target = episode_quota(episodes, self.num_envs)  # refuses a bad count first
         saved = self.policy
         self.policy = _as_policy(policy or self.policy, deterministic)
         try:
-            returns, lengths = _run_episodes(self, episodes, seed)
+            returns, lengths = _run_episodes(self, target, seed)
         finally:
             self.policy = saved
             self._obs = None
@@ -269,9 +268,10 @@ def _as_policy(policy: Any, deterministic: bool) -> Policy:
     return policy
 
 
-def _run_episodes(c: Collector, episodes: int, seed: int | None) -> tuple[list[float], list[int]]:
+def _run_episodes(
+    c: Collector, target: np.ndarray, seed: int | None
+) -> tuple[list[float], list[int]]:
     n = c.num_envs
-    target = episode_quota(episodes, n)
     count = np.zeros(n, np.int64)
     ret, length = np.zeros(n), np.zeros(n, np.int64)
     returns: list[float] = []
