@@ -330,6 +330,10 @@ class AgentBase(LossWatch):
     config: Any  # the agent's settings dataclass
     n_actions: int | None = None  # discrete actions (None: continuous)
     value_check_every = 100  # updates between value checks of the batch (they read it back)
+    # Tensor attributes the steps read (a Box's center/scale): kept on the learner's device and,
+    # as ``act_<name>``, on the acting device, so no step copies them per call (a host-to-device
+    # copy inside a captured CUDA graph fails; outside one it is a synchronous copy per call).
+    constants: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Each agent's constructor first counts its networks in a dry run and refuses what
@@ -445,6 +449,10 @@ class AgentBase(LossWatch):
         return same_device(self.act_device, self.device)
 
     def _build_actor(self) -> None:
+        for name in self.constants:  # moved with the networks (to() and set-up call this)
+            value = getattr(self, name)
+            setattr(self, name, value.to(self.device))
+            setattr(self, f"act_{name}", value.to(self.act_device))
         if self._shares_actor():
             self.actor = {name: self.nets[name] for name in self.policy_names}
         else:  # an explicit copy; it changes only through sync_actor / load_policy_state_dict

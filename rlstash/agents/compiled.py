@@ -42,6 +42,22 @@ GRAPH_DEVICES = ("cuda",)  # where compiled steps are also captured into CUDA gr
 BACKEND = "inductor"  # torch.compile backend of the steps (tests use "aot_eager": same tracing)
 
 
+def _no_capture_check() -> None:
+    """An optimizer whose parameters are not on a CUDA device is never in a CUDA graph."""
+
+
+def skip_capture_check(opt: torch.optim.Optimizer) -> None:
+    """Stop ``opt.step()`` from asking CUDA whether a graph is being captured.
+
+    A CUDA build of torch asks at every step of every optimizer, CPU ones included
+    (``Optimizer._accelerator_graph_capture_health_check``: ``is_available`` then the current
+    stream's capture status), so a CPU trainer on a machine with a GPU initialises CUDA in its
+    first update (invariant I1; seen on an H100, issue 28). Parameters off the GPU cannot be
+    captured: the question has one answer. Both of torch's names for the check are covered."""
+    for name in ("_accelerator_graph_capture_health_check", "_cuda_graph_capture_health_check"):
+        setattr(opt, name, _no_capture_check)
+
+
 class FlatAdam:
     """The trainable parameters of ``modules`` as one flat vector, with fused Adam on it."""
 
@@ -53,6 +69,8 @@ class FlatAdam:
             self.opt = torch.optim.Adam([param], lr=lr, eps=eps, betas=BETAS, fused=True)
         except (RuntimeError, ValueError, TypeError):  # a device without fused Adam
             self.opt = torch.optim.Adam([param], lr=lr, eps=eps, betas=BETAS, foreach=True)
+        if param.device.type not in ("cuda", "xpu"):  # devices with graph capture
+            skip_capture_check(self.opt)
         # the state Adam would create on its first step, created now (the compiled step uses it)
         self.opt.state[param] = {
             "step": torch.zeros((), dtype=torch.float32, device=param.device),

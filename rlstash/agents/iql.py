@@ -111,6 +111,7 @@ class IQL(AgentBase):
     """IQL over a Box action space with bounds ``low``/``high`` (arrays of act_dim, finite)."""
 
     algo = "iql"
+    constants = ("center", "scale")  # the Box, on the devices (AgentBase.constants)
 
     def __init__(
         self,
@@ -148,7 +149,7 @@ class IQL(AgentBase):
             if not deterministic:
                 self.env_steps += obs.shape[0]
             a, _ = self.actor["actor"].sample(obs, self.act_gen, deterministic)  # [N, A]
-            return self.center.to(dev) + self.scale.to(dev) * a
+            return self.act_center + self.act_scale * a
 
     # ------------------------------------------------------------------ losses
     def _targets(self, batch: Batch, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,7 +182,7 @@ class IQL(AgentBase):
     def update(self, batch: Batch) -> dict[str, Any]:
         """One IQL step (module docstring); with ``config.compile`` one compiled step."""
         check_batch(batch, obs_shape=self.obs_shape, device=self.device, act_dim=self.act_dim)
-        action = (batch["action"] - self.center.to(self.device)) / self.scale.to(self.device)
+        action = (batch["action"] - self.center) / self.scale
         self.updates += 1
         if self._compile_now():
             self.tau_now.fill_(self.config.tau)

@@ -180,6 +180,7 @@ class SAC(AgentBase):
     """SAC over a Box action space with bounds ``low``/``high`` (arrays of act_dim, finite)."""
 
     algo = "sac"
+    constants = ("center", "scale")  # the Box, on the devices (AgentBase.constants)
 
     def __init__(
         self,
@@ -222,7 +223,7 @@ class SAC(AgentBase):
         with torch.no_grad():
             if deterministic:
                 a, _ = self.actor["actor"].sample(obs, self.act_gen, True)  # [N, A] in [-1, 1]
-                return self.center.to(dev) + self.scale.to(dev) * a
+                return self.act_center + self.act_scale * a
             eps = torch.randn((rows, self.act_dim), generator=self.act_gen, device=dev)  # [N, A]
             self.env_steps += rows
             graphed = self._act_step(rows, self._act)
@@ -231,7 +232,7 @@ class SAC(AgentBase):
     def _act(self, obs: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
         """Actions in [low, high] for observations and standard normal noise [N, A]."""
         a, _ = self.actor["actor"].rsample(obs, eps)  # [N, A] in [-1, 1]
-        return self.center.to(obs.device) + self.scale.to(obs.device) * a
+        return self.act_center + self.act_scale * a
 
     @torch.no_grad()
     def td_target(
@@ -262,7 +263,7 @@ class SAC(AgentBase):
         With ``config.compile`` the same losses run as one compiled step (:meth:`_step`)."""
         cfg = self.config
         check_batch(batch, obs_shape=self.obs_shape, device=self.device, act_dim=self.act_dim)
-        action = (batch["action"] - self.center.to(self.device)) / self.scale.to(self.device)
+        action = (batch["action"] - self.center) / self.scale
         bsz = action.shape[0]
         # the noise of one actor pass over s and s' (rows B.. are s'), drawn outside any graph
         eps = torch.randn((2 * bsz, self.act_dim), generator=self.learn_gen, device=self.device)

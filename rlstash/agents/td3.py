@@ -100,6 +100,7 @@ class TD3(AgentBase):
     """TD3 over a Box action space with bounds ``low``/``high`` (arrays of act_dim, finite)."""
 
     algo = "td3"
+    constants = ("center", "scale")  # the Box, on the devices (AgentBase.constants)
 
     def __init__(
         self,
@@ -143,12 +144,12 @@ class TD3(AgentBase):
                 return graphed(obs, noise) if graphed is not None else self._act(obs, noise)
             if not deterministic:
                 self.env_steps += rows
-            return self.center.to(dev) + self.scale.to(dev) * a
+            return self.act_center + self.act_scale * a
 
     def _act(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """Exploration actions in [low, high]: pi(s) + sigma * noise, clipped to [-1, 1]."""
         a = (self.actor["actor"](obs) + self.config.exploration_noise * noise).clamp(-1, 1)
-        return self.center.to(obs.device) + self.scale.to(obs.device) * a
+        return self.act_center + self.act_scale * a
 
     @torch.no_grad()
     def td_target(self, batch: Batch, noise: torch.Tensor | None = None) -> torch.Tensor:
@@ -172,7 +173,7 @@ class TD3(AgentBase):
         :meth:`_actor_step`)."""
         cfg = self.config
         check_batch(batch, obs_shape=self.obs_shape, device=self.device, act_dim=self.act_dim)
-        action = (batch["action"] - self.center.to(self.device)) / self.scale.to(self.device)
+        action = (batch["action"] - self.center) / self.scale
         noise = cfg.target_policy_noise * torch.randn(
             action.shape, generator=self.learn_gen, device=self.device
         )  # [B, A]: the target smoothing noise, drawn outside any graph

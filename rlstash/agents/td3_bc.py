@@ -73,8 +73,7 @@ class TD3BC(TD3):
     def _actor_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """J(pi) of the module docstring (the critic's weights detached); aux: lambda."""
         nets, obs = self.nets, batch["obs"]
-        dev = obs.device
-        action = (batch["action"] - self.center.to(dev)) / self.scale.to(dev)  # [B, A]
+        action = (batch["action"] - self.center) / self.scale  # [B, A]
         pi = nets["actor"](obs)  # [B, A]
         q = nets["critic"](obs, pi, detach=True, member=0)  # [B]
         return td3_bc_actor_loss(q, pi, action, self.config.alpha)

@@ -266,7 +266,7 @@ class FakeRslRl:
         return self._obs(), self.get_privileged_observations()
 
     def step(self, actions):
-        assert actions.shape == (self.num_envs, 2) and actions.device == self.device
+        assert actions.shape == (self.num_envs, 2) and actions.device.type == self.device.type
         self.episode_length_buf += 1
         rew = self.episode_length_buf * 0.5  # float, never 0
         fell = self.episode_length_buf >= self.fall_at

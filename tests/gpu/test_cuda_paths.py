@@ -198,7 +198,11 @@ def test_dqn_and_sac_update_and_act_on_cuda():
     assert all(p.is_cuda for p in sac.nets["actor"].parameters())
 
 
-def test_collector_delivers_batches_to_cuda():
+def test_collector_runs_a_cuda_policy_on_a_host_env():
+    """A host env (numpy) with ``device="cuda"``: the policy sees its observations on the GPU
+    (pinned staging, the chosen stream), the actions come back to the env, and the batches stay
+    on the host, where a replay buffer stores them (rlstash.collect.sync's contract; delivery to
+    the GPU happens when sampling)."""
     import gymnasium as gym
     from gymnasium.vector import SyncVectorEnv
 
@@ -207,13 +211,17 @@ def test_collector_delivers_batches_to_cuda():
     env = SyncVectorEnv([lambda: gym.make("CartPole-v1") for _ in range(4)])
     try:
         for mode in ("current", "dedicated"):
+            seen = []
 
             def policy(obs):
-                return torch.zeros(obs.shape[0], dtype=torch.int64, device=obs.device)
+                assert obs.device.type == "cuda"
+                seen.append(obs.cpu())
+                return (obs[:, 2] > 0).long()  # a real policy of the observations
 
             c = Collector(env, policy, frames_per_batch=64, device="cuda", cuda_stream=mode)
             b = c.collect()
-            assert b["obs"].device.type == "cuda" and b["obs"].shape == (16, 4, 4)
-            assert torch.isfinite(b["obs"]).all()
+            assert b["obs"].device.type == "cpu" and b["obs"].shape == (16, 4, 4)
+            torch.testing.assert_close(torch.stack(seen), b["obs"])  # what the policy saw
+            torch.testing.assert_close(b["action"], (b["obs"][..., 2] > 0).long())
     finally:
         env.close()
