@@ -144,7 +144,6 @@ class IQL(AgentBase):
         if mask is not None:
             raise ValueError("mask: continuous actions take no availability mask, got a tensor")
         obs = self._prepare_obs(obs, self.obs_shape)
-        dev = self.act_device
         with torch.no_grad():
             if not deterministic:
                 self.env_steps += obs.shape[0]

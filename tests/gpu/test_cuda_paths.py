@@ -213,7 +213,7 @@ def test_collector_runs_a_cuda_policy_on_a_host_env():
         for mode in ("current", "dedicated"):
             seen = []
 
-            def policy(obs):
+            def policy(obs, seen=seen):
                 assert obs.device.type == "cuda"
                 seen.append(obs.cpu())
                 return (obs[:, 2] > 0).long()  # a real policy of the observations
