@@ -269,7 +269,9 @@ def test_physics_kernel_on_the_default_stream_gives_no_torn_or_stale_rows(
     sync(dev)
     assert int(env.wrong_actions) == 0, "the policy read observations of another step"
     checked = check_stream_rows(store, n, T * batches)
-    print(f"{mode}/{store_on}: {checked} rows checked, {time.monotonic() - start:.2f} s", flush=True)
+    print(
+        f"{mode}/{store_on}: {checked} rows checked, {time.monotonic() - start:.2f} s", flush=True
+    )
 
 
 # ------------------------------------------------------------------ 3. report 001, D2H
@@ -309,6 +311,7 @@ def test_gpu_storage_sampled_to_pinned_host_matches_a_synchronous_read(where, de
             z = gpu_work(dev)
             b = {key: v.to(dev) for key, v in rows(1000 + 512 * k, 512).items()}
             rb.extend({"obs": b["obs"] + z, "action": b["action"]})
+            gpu_work(dev)  # the gather and the copy queue behind more work
             out = rb.sample(1024)
             got = {key: out[key].clone() for key in ("obs", "action")}
             want = rb.storage.read(out["index"].numpy())
@@ -484,7 +487,7 @@ def test_disk_storage_delivers_to_cuda_with_prefetch_on_the_callers_stream(
                 y = rb.sample(512)
                 assert all(t.device.type == torch.device(dev).type for t in y.values())
                 y["obs"].mul_(1.0)  # a kernel on the caller's stream reading and writing it
-                held.append({k: v * 1 for k, v in y.items()})  # more reads of it, queued
+                held.append({k: v.clone() for k, v in y.items()})  # more reads of it, queued
         sync(dev)
         for y in held:
             want = rb.storage.read(y["index"].cpu().numpy())
