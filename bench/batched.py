@@ -4,6 +4,7 @@ Collector's overhead over the env's own step rate, and PPO to 475 on CartPole.
 
     .venv/bin/python bench/batched.py [--quick] [--device cpu|cuda] [--reps N] [--clock cpu]
         [--ppo-envs N] [--ppo-budget S] [--collector-envs 4096,65536] [--out PATH]
+        [--sections cartpole,pendulum,collector,ppo] [--max-seconds S] [--wait-quiet S]
 
 Runs in the project's ``.venv`` (gymnasium is a dependency; no peers to install). With
 ``--device cuda`` the batched envs, the policy, the storages and PPO run on the GPU; the
@@ -70,6 +71,7 @@ PENDULUM_SYNC_MAX = 4096  # gymnasium's Pendulum reference (a SyncVectorEnv) up 
 STREAM_INTO = "collector.collect_into(StreamStorage)"
 STREAM_EXTEND = "collector + StreamStorage.extend(batch)"
 BANK = 64
+SECTIONS = ("cartpole", "pendulum", "collector", "ppo")
 STATS_EVERY = 4  # collector loops read the episode statistics every this many batches
 # env key -> (rlstash id, gymnasium id, gymnasium's vectorization, observation width)
 ENVS = {
@@ -405,6 +407,12 @@ def resolve(args: argparse.Namespace) -> None:
             raise SystemExit("--clock cpu: the CPU clock misses GPU time; use --clock wall")
     if args.collector_envs is None:
         args.collector_envs = "4096,65536" if cuda else "4096"
+    args.sections = tuple(x for x in str(args.sections).split(",") if x)
+    unknown = sorted(set(args.sections) - set(SECTIONS))
+    if unknown:
+        raise SystemExit(f"--sections: unknown {unknown}; expected some of {list(SECTIONS)}")
+    if args.no_ppo:
+        args.sections = tuple(x for x in args.sections if x != "ppo")
     args.collector_sizes = tuple(int(x) for x in str(args.collector_envs).split(",") if x)
     if args.ppo_envs is None:
         args.ppo_envs = 4096 if cuda else 1024
@@ -425,6 +433,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--device", default="cpu", help="env, storage and policy device")
     ap.add_argument("--reps", type=int, default=7, help="interleaved repetitions (>= 5)")
     ap.add_argument("--no-ppo", action="store_true", help="skip the PPO learning run")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated sections to run (default all: {','.join(SECTIONS)}; "
+                    "e.g. to rerun only a failed one)")  # fmt: skip
     ap.add_argument("--ppo-envs", type=int, default=None, help="PPO's envs (1024; cuda: 4096)")
     ap.add_argument("--ppo-budget", type=float, default=None,
                     help="PPO's seconds at most (600; cuda: 90; --quick: 60)")  # fmt: skip
@@ -479,6 +490,7 @@ class Report:
         flags = f" --device {a.device}" + (" --quick" if a.quick else "")
         flags += " --clock cpu" if a.clock == "cpu" else ""
         flags += "" if a.quick else f" --reps {a.reps}"
+        flags += "" if a.sections == SECTIONS else f" --sections {','.join(a.sections)}"
         lines = [
             "# Batched torch envs: rlstash/CartPole-v1 and rlstash/Pendulum-v1 vs gymnasium; "
             "collector overhead; PPO to 475",
@@ -538,23 +550,28 @@ def main() -> int:
                 "host once per batch (one blocking copy)."]  # fmt: skip
 
     where = f"{dev}; gymnasium: numpy on the CPU, one thread"
+    want = args.sections
     with common.cpu_meter() as meter:
-        rep.run(f"CartPole env steps/s ({where}; random actions, next-step autoreset, medians)",
-                lambda: envs("cartpole", SIZES, "gymnasium CartPoleVectorEnv"))  # fmt: skip
-        rep.run(
-            f"Pendulum env steps/s ({where})",
-            lambda: [
-                *envs("pendulum", PENDULUM_SIZES, "gymnasium SyncVectorEnv of Pendulum-v1"),
-                "",
-                "gymnasium has no numpy-batched Pendulum: its reference is a SyncVectorEnv of 4096 "
-                "single Pendulum-v1 envs (a Python loop), measured at 4096 envs only (—: not run).",
-            ],
-        )
-        for n in args.collector_sizes:
+        if "cartpole" in want:
+            rep.run(
+                f"CartPole env steps/s ({where}; random actions, next-step autoreset, medians)",
+                lambda: envs("cartpole", SIZES, "gymnasium CartPoleVectorEnv"),
+            )
+        if "pendulum" in want:
+            rep.run(
+                f"Pendulum env steps/s ({where})",
+                lambda: [
+                    *envs("pendulum", PENDULUM_SIZES, "gymnasium SyncVectorEnv of Pendulum-v1"),
+                    "",
+                    "gymnasium has no numpy-batched Pendulum: its reference is a SyncVectorEnv of 4096 "
+                    "single Pendulum-v1 envs (a Python loop), measured at 4096 envs only (—: not run).",
+                ],
+            )
+        for n in args.collector_sizes if "collector" in want else ():
             rep.run(f"Collector loop at {n} envs on {dev} (random torch policy + env + storing),"
                     " vs the env alone", lambda n=n: collector(n))  # fmt: skip
     info["concurrent load of other users (busy cores, median)"] = round(meter.others, 2)
-    if not args.no_ppo:
+    if "ppo" in want:
         rep.run(f"PPO on rlstash/CartPole-v1, {args.ppo_envs} envs on {dev}",
                 lambda: section_ppo(dev, args.ppo_envs, args.ppo_budget, args.ppo_compile))  # fmt: skip
     info["load_average_1m_end"] = round(os.getloadavg()[0], 2)
