@@ -9,6 +9,7 @@
 #   tests       pytest -m gpu: every GPU-marked test (tests/gpu/*, the CUDA cases elsewhere),
 #               the field-report scenarios (tests/gpu/test_field_reports.py) among them
 #   cuda_files  the rest of the suite's CUDA-relevant files, CUDA visible (tripwire on)
+#   diag        bench/gpu_diag.py: does a CPU optimizer step initialise CUDA; DQN graphed vs eager
 #   batched     bench/batched.py --device cuda
 #   updates     bench/updates.py --device cuda
 #   e2e         bench/gpu_e2e.py --device cuda (SAC, TD3, PPO on MuJoCo, end to end)
@@ -32,7 +33,8 @@ fi
 CUDA_FILES=(
     tests/test_device.py tests/test_tripwire.py tests/test_memory.py tests/test_replay.py
     tests/test_tiered.py tests/test_cli.py tests/agents/test_compiled.py
-    tests/agents/test_old_checkpoints.py tests/faults/test_batched_contract.py
+    tests/agents/test_old_checkpoints.py tests/agents/test_device_constants.py tests/agents/test_flat.py
+    tests/faults/test_batched_contract.py
     tests/faults/test_finite.py tests/envs/test_batched_envs.py tests/envs/test_workers.py
     tests/collect/test_sync.py tests/collect/test_async.py tests/marl/test_mappo_compiled.py
     tests/marl/test_qmix.py
@@ -81,10 +83,11 @@ run_stage() {
     env) stage env 60 bash -c env_info ;;
     tests) stage tests 240 "$PY" -m pytest -m gpu -q -rfEs -p no:cacheprovider -n 6 --timeout 200 \
         $(grep -rlE "mark\.gpu|pytestmark = pytest\.mark\.gpu" tests --include="*.py" | sort) ;;
-    cuda_files) stage cuda_files 240 "$PY" -m pytest -m "not gpu" -q -rfE -p no:cacheprovider -n 8 \
+    cuda_files) stage cuda_files 240 "$PY" -m pytest -m "not gpu" -q -rfE -p no:cacheprovider -n 12 \
         --timeout 200 "${CUDA_FILES[@]}" ;;
     seeds) stage seeds 120 "$PY" -m pytest -q -rA -p no:cacheprovider tests/gpu/test_field_reports.py ;;
-    batched) bench batched 200 bench/batched.py --device cuda ;;
+    diag) stage diag 150 "$PY" bench/gpu_diag.py ;;
+    batched) bench batched 240 bench/batched.py --device cuda --max-seconds 220 ;;
     updates) bench updates 260 bench/updates.py --device cuda ;;
     e2e) bench e2e 260 bench/gpu_e2e.py --device cuda ;;
     *) echo "unknown stage $1" | tee -a "$OUT/summary.txt" ;;
@@ -94,7 +97,7 @@ run_stage() {
 export PY
 export -f env_info
 STAGES=("$@")
-[ ${#STAGES[@]} -eq 0 ] && STAGES=(env tests+cuda_files batched updates e2e)
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(env tests+cuda_files+diag batched updates e2e)
 for s in "${STAGES[@]}"; do
     if [[ $s == *+* ]]; then  # side by side
         IFS=+ read -r -a pair <<<"$s"
