@@ -22,7 +22,7 @@
 set -u
 OUT=${OUT:-$PWD/bench/.work/gpu_out}
 mkdir -p "$OUT" /tmp/gpu
-export PYTHONUNBUFFERED=1 MUJOCO_GL=egl
+export PYTHONUNBUFFERED=1 MUJOCO_GL=${MUJOCO_GL:-disable}  # no rendering here: no EGL libraries needed
 export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PY:-python3}
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1 && [ ! -e /tmp/site/.done ]; then
