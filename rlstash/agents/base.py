@@ -522,11 +522,6 @@ class AgentBase(LossWatch):
         device = resolve_device(device, "device", allow_none=False)
         act_device = resolve_device(act_device, "act_device") or device
         optim_states = {name: group.state_dict() for name, group in self.groups.items()}
-        for net in self.nets.values():
-            net.to(device)
-        self._build_groups()  # a move breaks the flat vectors' sharing: re-seat them
-        for name, group in self.groups.items():
-            group.load_state_dict(optim_states[name])  # casts state to the params' new device
         if device != self.device:
             seed = int(torch.randint(0, 2**62, (1,), generator=self.learn_gen, device=self.device))
             self.learn_gen = make_generator(device, seed)
@@ -535,7 +530,13 @@ class AgentBase(LossWatch):
                 torch.randint(0, 2**62, (1,), generator=self.act_gen, device=self.act_device)
             )
             self.act_gen = make_generator(act_device, seed)
+        # the new devices first: everything built below (tau_now, the groups) is built there
         self.device, self.act_device = device, act_device
+        for net in self.nets.values():
+            net.to(device)
+        self._build_groups()  # a move breaks the flat vectors' sharing: re-seat them
+        for name, group in self.groups.items():
+            group.load_state_dict(optim_states[name])  # casts state to the params' new device
         self._loss_ok = self._loss_ok.to(device)  # the compiled steps are rebuilt (above)
         self._finite_updates = self._finite_updates.to(device)
         self._build_actor()

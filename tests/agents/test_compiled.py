@@ -67,16 +67,17 @@ AGENTS = {  # name -> (make(compile), batch(seed))
         lambda s: _discrete(s, 5, masks=True),
     ),
     "sac": (
-        lambda c: SAC((3,), 2, -2.0, 2.0, SACConfig(net_arch=SMALL, max_grad_norm=1.0,
+        lambda c: SAC((3,), 2, -2.0, 2.0, SACConfig(net_arch=SMALL, max_grad_norm=1.0, tau=0.5,
                                                     target_update_interval=2, compile=c)),
         _continuous,
     ),
     "td3": (
-        lambda c: TD3((3,), 2, -2.0, 2.0, TD3Config(net_arch=SMALL, policy_delay=2, compile=c)),
+        lambda c: TD3((3,), 2, -2.0, 2.0, TD3Config(net_arch=SMALL, policy_delay=2, tau=0.5,
+                                                    compile=c)),
         _continuous,
     ),
     "sac_discrete": (
-        lambda c: DiscreteSAC((4,), 7, DiscreteSACConfig(net_arch=SMALL, action_chunk=3,
+        lambda c: DiscreteSAC((4,), 7, DiscreteSACConfig(net_arch=SMALL, action_chunk=3, tau=0.5,
                                                          max_grad_norm=1.0, compile=c)),
         lambda s: _discrete(s, 7, masks=True),
     ),

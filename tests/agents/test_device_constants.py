@@ -63,3 +63,35 @@ def test_box_constants_follow_the_agent_to_its_devices(name):
         assert getattr(agent, f"act_{key}").device == agent.act_device
     agent.to("cpu", act_device="cpu")
     assert all(getattr(agent, f"act_{key}") is not None for key in agent.constants)
+
+
+def _tensors(agent) -> dict[str, torch.Tensor]:
+    """Every tensor a step can read: the agent's attributes, its groups' lr and Adam state."""
+    out = {k: v for k, v in vars(agent).items() if isinstance(v, torch.Tensor)}
+    for name, group in agent.groups.items():
+        out[f"groups[{name}].lr"] = group.lr
+        for i, t in enumerate(group.state_tensors()):
+            out[f"groups[{name}].state[{i}]"] = t
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_to_moves_every_tensor_a_step_reads(name, monkeypatch):
+    """Seen on an H100 (issue 28): after ``agent.to("cuda")`` the Polyak weight ``tau_now`` was
+    still a CPU tensor (built before ``to`` set the new device). Compiled, a CPU 0-dim tensor is
+    passed by value at each call; captured into a CUDA graph, its value at capture time (0, no
+    target update) was baked in, so graphed DQN/SAC/TD3 never moved their target networks.
+    Here the move is to the ``meta`` device (no CUDA on CPU machines): every tensor must
+    follow."""
+    import rlstash.agents.base as base
+
+    monkeypatch.setattr(
+        base, "resolve_device", lambda d, *a, **k: None if d is None else torch.device(d)
+    )
+    monkeypatch.setattr(
+        base, "make_generator", lambda dev, seed: torch.Generator().manual_seed(seed)
+    )
+    agent = ALL[name][0](False)
+    agent.to("meta")
+    left = {k: v.device for k, v in _tensors(agent).items() if v.device.type != "meta"}
+    assert left == {}, f"{name}: still off the agent's device after to(): {left}"
