@@ -10,7 +10,9 @@ batch 256, updates/s, medians of interleaved repetitions (common.interleaved):
 Every timed call ends in ``torch.cuda.synchronize()`` (so both edges of a timing are
 synchronized); the first 8 updates of each side (compilation, 2 warm-up calls, the capture;
 TD3's actor step is captured on its 3rd call, the 6th update) run before timing, their
-compilation seconds reported apart. A side's steps are checked to be of the expected kind
+compilation seconds reported apart (the CUDA-graphed side is built after the compiled one in
+the same process and compiles the same graphs: its compile seconds are inductor's cache hits;
+the compiled side's are the cold compilation, slowed by the other configs compiling at once). A side's steps are checked to be of the expected kind
 (``GraphedStep`` / ``CompiledStep``) on CUDA. The limit column is the float32 (IEEE, no TF32:
 the agents' precision) 4096 x 4096 matmul rate measured in the same process, interleaved; the
 TF32 rate is measured once after the timings.
@@ -193,8 +195,7 @@ def run_children(
             try:
                 c.proc.stdin.write("go\n")
                 c.proc.stdin.flush()
-                line = c.next_line(measure_timeout)
-                results[name] = json.loads(line) if line else c.error("exited while timing")
+                results[name] = _result(c, time.monotonic() + measure_timeout)
             except (TimeoutError, OSError, json.JSONDecodeError) as exc:
                 results[name] = c.error(f"timing: {exc}")
             c.close()
@@ -204,6 +205,16 @@ def run_children(
         for c in children.values():
             c.close()
     return results
+
+
+def _result(c: _Child, deadline: float) -> dict[str, Any]:
+    """The child's JSON result line (other stdout lines skipped), or its error at EOF."""
+    while True:
+        line = c.next_line(deadline - time.monotonic())
+        if line is None:
+            return c.error(f"exited (code {c.proc.wait(timeout=10)}) while timing")
+        if line.startswith("{"):
+            return json.loads(line)
 
 
 def _await_ready(children: dict[str, _Child], results: dict, deadline: float) -> None:
