@@ -331,6 +331,8 @@ def main() -> int:
                         help="GPU table: seconds for all configs to compile (in parallel)")  # fmt: skip
     parser.add_argument("--measure-timeout", type=float, default=60.0,
                         help="GPU table: seconds for one config's timing")  # fmt: skip
+    parser.add_argument("--budget", type=float, default=300.0,
+                        help="GPU table: seconds for everything (no wait goes past it)")  # fmt: skip
     args = parser.parse_args()
     if args.device != "cpu" or args.three_way:
         import updates_gpu

@@ -173,9 +173,10 @@ class _Child:
 
 def run_children(
     script: str, names: list[str], device: str, logs: Path, compile_timeout: float,
-    measure_timeout: float,
+    measure_timeout: float, budget: float,
 ) -> dict[str, dict[str, Any]]:  # fmt: skip
-    """Every config in its own child: compiled in parallel, timed one after the other."""
+    """Every config in its own child: compiled in parallel, timed one after the other; no
+    wait goes past ``budget`` seconds from now (a config left then is reported, not timed)."""
     logs.mkdir(parents=True, exist_ok=True)
     cores = len(os.sched_getaffinity(0))
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -186,7 +187,7 @@ def run_children(
     results: dict[str, dict[str, Any]] = {}
     start = time.monotonic()
     try:
-        _await_ready(children, results, start + compile_timeout)
+        _await_ready(children, results, start + min(compile_timeout, budget))
         print(f"[updates-gpu] compiled in {time.monotonic() - start:.0f} s; timing", flush=True)
         for name, c in children.items():
             if name in results:
@@ -195,7 +196,10 @@ def run_children(
             try:
                 c.proc.stdin.write("go\n")
                 c.proc.stdin.flush()
-                results[name] = _result(c, time.monotonic() + measure_timeout)
+                left = start + budget - time.monotonic()
+                if left < 5:
+                    raise TimeoutError(f"not timed: the {budget:.0f} s budget was spent")
+                results[name] = _result(c, time.monotonic() + min(measure_timeout, left))
             except (TimeoutError, OSError, json.JSONDecodeError) as exc:
                 results[name] = c.error(f"timing: {exc}")
             c.close()
@@ -292,7 +296,7 @@ def main(script: str, args: Any) -> int:
     out = Path(args.out)
     logs = out.with_name(out.stem + "_logs")
     results = run_children(script, names, args.device, logs, args.compile_timeout,
-                           args.measure_timeout)  # fmt: skip
+                           args.measure_timeout, args.budget)  # fmt: skip
     ok = [r for r in results.values() if "sides" in r]
     if ok:
         info["gpu (torch)"] = ok[0].get("gpu", "—")
