@@ -27,7 +27,8 @@ inductor and captured into a CUDA graph); eager = ``compile=False``. The rate is
 measured after learning starts, as LeanRL does (its ``measure_burnin``): off-policy from
 ``learning_starts + warm-up`` env steps (the first updates compile and capture the steps, the
 warm-up excludes them) to the end; PPO over the rollouts after the first (whose update
-compiles). Both edges are ``torch.cuda.synchronize()``d. LeanRL's figures are its own (its
+compiles). "Before learning": the second half of the steps before ``learning_starts`` (past
+the acting step's compilation). Both edges are ``torch.cuda.synchronize()``d. LeanRL's figures are its own (its
 README, an H100, its host CPU); ours run on this machine's GPU and CPU: the ratio compares
 whole loops (env, collection, replay, updates) on different hosts.
 """
@@ -119,16 +120,20 @@ def worker(task: dict[str, Any]) -> dict[str, Any]:
             begin = time.perf_counter()
             t0 = s0 = None
             first_update_s = None
-            pre = (0, 0.0)
+            pre: tuple[int, float] = (0, 0.0)  # env steps before learning, their seconds
+            half: tuple[int, float] | None = None
             last_note = begin
             while run.step < total:
                 before, step_before = run.agent.updates, run.step
                 t = time.perf_counter()
                 metrics = iterate(metrics)
+                if half is None and run.step >= task.get("learning_starts", 0) // 2:
+                    half = (run.step, time.perf_counter())  # past the acting step's compile
                 if first_update_s is None and run.agent.updates > before:
                     sync()
                     first_update_s = time.perf_counter() - t
-                    pre = (step_before, t - begin)  # env steps before learning, their seconds
+                    if half is not None and step_before > half[0]:  # the 2nd half's rate
+                        pre = (step_before - half[0], t - half[1])
                 if t0 is None and run.step >= start_at:
                     sync()
                     t0, s0 = time.perf_counter(), run.step
