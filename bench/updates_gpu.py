@@ -118,7 +118,8 @@ def tf32_flops(device: str, size: int, seconds: float = 0.5) -> float | str:
     except Exception as exc:  # noqa: BLE001 - a column, not the benchmark
         return f"{type(exc).__name__}: {exc}"[:120]
     finally:
-        torch.set_float32_matmul_precision(before)
+        with contextlib.suppress(Exception):
+            torch.set_float32_matmul_precision(before)
 
 
 def child(name: str, device: str, barrier: bool) -> int:
