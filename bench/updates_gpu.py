@@ -160,7 +160,8 @@ class _Child:
             raise TimeoutError(f"no output within {timeout:.0f} s") from None
 
     def error(self, why: str) -> dict[str, Any]:
-        self.err.flush()
+        if not self.err.closed:
+            self.err.flush()
         tail = [x for x in self.log.read_text(errors="replace").strip().splitlines() if x][-1:]
         return {"error": f"{why}; stderr: {tail} (log: {self.log.name})"[:400]}
 
