@@ -5,6 +5,7 @@ batch 256, one torch thread, CPU.
 
     python bench/updates.py                    # every config, one child process each
     python bench/updates.py --only sac-256     # one config (prints its JSON)
+    python bench/updates.py --device cuda --out OUT.md   # the GPU table (module gpu part)
 
 FLOPs per update are counted from the layer shapes: a dense layer in -> out on B rows costs
 2 B in out forward, 2 B in out more for the gradient of its input and 2 B in out for the
@@ -40,11 +41,13 @@ repetitions; the compiled side's compilation happens before timing and is report
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -113,8 +116,11 @@ def _transitions(algo: str) -> dict[str, Any]:
     return data
 
 
-def _rlstash(algo: str, net: tuple[int, ...], compile: bool) -> Any:
-    """run(n): n rlstash updates; the first (compiling) call is made here."""
+def _rlstash(
+    algo: str, net: tuple[int, ...], compile: bool, device: str = "cpu", graphs: bool = True
+) -> Any:
+    """run(n): n rlstash updates on ``device``; the first (compiling) calls are made here.
+    ``graphs=False``: compiled steps are not captured into CUDA graphs (inductor only)."""
     import torch
 
     from rlstash import ReplayBuffer, TensorStorage
@@ -122,10 +128,11 @@ def _rlstash(algo: str, net: tuple[int, ...], compile: bool) -> Any:
 
     obs, act = TASKS[algo]
     if algo == "ppo":
-        agent = ppo.PPO((obs,), act, config=ppo.PPOConfig(net_arch=net, compile=compile))
+        cfg_ppo = ppo.PPOConfig(net_arch=net, compile=compile)
+        agent = ppo.PPO((obs,), act, config=cfg_ppo, device=device)
         data = agent.prepare(refs.ppo_rollout(PPO_ROWS, obs, act))
         g = torch.Generator().manual_seed(1)
-        idx = [torch.randperm(PPO_ROWS, generator=g)[:BATCH] for _ in range(8)]
+        idx = [torch.randperm(PPO_ROWS, generator=g)[:BATCH].to(device) for _ in range(8)]
         clip = agent.config.clip_range
         agent.clip_now.fill_(clip)
 
@@ -135,28 +142,81 @@ def _rlstash(algo: str, net: tuple[int, ...], compile: bool) -> Any:
 
     else:
         if algo == "dqn":
-            agent: Any = dqn.DQN((obs,), act, dqn.DQNConfig(net_arch=net, compile=compile))
+            cfg: Any = dqn.DQNConfig(net_arch=net, compile=compile)
+            agent: Any = dqn.DQN((obs,), act, cfg, device=device)
         elif algo == "sac_discrete":
             cfg = sac_discrete.DiscreteSACConfig(net_arch=net, compile=compile)
-            agent = sac_discrete.DiscreteSAC((obs,), act, cfg)
+            agent = sac_discrete.DiscreteSAC((obs,), act, cfg, device=device)
         elif algo == "sac":
-            agent = sac.SAC((obs,), act, -1.0, 1.0, sac.SACConfig(net_arch=net, compile=compile))
+            cfg = sac.SACConfig(net_arch=net, compile=compile)
+            agent = sac.SAC((obs,), act, -1.0, 1.0, cfg, device=device)
         else:
-            agent = td3.TD3((obs,), act, -1.0, 1.0, td3.TD3Config(net_arch=net, compile=compile))
+            cfg = td3.TD3Config(net_arch=net, compile=compile)
+            agent = td3.TD3((obs,), act, -1.0, 1.0, cfg, device=device)
         data = _transitions(algo)
         spec = {k: (tuple(v.shape[1:]), v.dtype) for k, v in data.items()}
-        rb = ReplayBuffer(TensorStorage(spec, ROWS), seed=0)
+        rb = ReplayBuffer(TensorStorage(spec, ROWS, device=device), seed=0)
         rb.extend(data)
 
         def run(n: int) -> None:
             for _ in range(n):
                 agent.update(rb.sample(BATCH))
 
+    # compiles every step (TD3's actor step on the 2nd update); on CUDA a graphed step warms
+    # up twice and is captured on its 3rd call (TD3's actor: the 6th update)
+    from rlstash.agents import compiled
+
+    graphed = compile and graphs and torch.device(device).type in compiled.GRAPH_DEVICES
+    warm = 8 if graphed else 2
     start = time.perf_counter()
-    run(2)  # compiles every step (TD3's actor step on the 2nd update)
+    with graph_devices(graphs):
+        run(warm)
+    sync(device)
     run.first_s = time.perf_counter() - start  # type: ignore[attr-defined]
     run.compile_s = getattr(agent, "compile_seconds", 0.0)  # type: ignore[attr-defined]
+    run.steps = sorted({type(s).__name__ for s in agent._steps.values()})  # type: ignore[attr-defined]
+    if compile and torch.device(device).type == "cuda":
+        want = ["GraphedStep"] if graphs else ["CompiledStep"]
+        if run.steps != want:  # type: ignore[attr-defined]
+            raise RuntimeError(f"compiled steps: expected {want}, got {run.steps}")  # type: ignore[attr-defined]
     return run
+
+
+@contextlib.contextmanager
+def graph_devices(enabled: bool) -> Iterator[None]:
+    """Steps built inside are CUDA-graphed on CUDA (``enabled``, rlstash's default) or only
+    compiled (``rlstash.agents.compiled.GRAPH_DEVICES = ()``; read when a step is built)."""
+    from rlstash.agents import compiled
+
+    saved = compiled.GRAPH_DEVICES
+    if not enabled:
+        compiled.GRAPH_DEVICES = ()
+    try:
+        yield
+    finally:
+        compiled.GRAPH_DEVICES = saved
+
+
+def sync(device: str) -> None:
+    """torch.cuda.synchronize() on CUDA (a timing edge), nothing on CPU."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def synced(run: Any, device: str) -> Any:
+    """``run`` ending in a device synchronization (every timed call does, so both edges of a
+    timing are synchronized); its attributes kept."""
+    if device == "cpu":
+        return run
+
+    def call(n: int) -> None:
+        run(n)
+        sync(device)
+
+    call.__dict__.update(run.__dict__)
+    return call
 
 
 def matmul_flops(seconds: float = 1.0) -> float:
@@ -168,11 +228,11 @@ def matmul_flops(seconds: float = 1.0) -> float:
     return n * 2 * MATMUL_N**3 / elapsed
 
 
-def _matmul() -> Any:
+def _matmul(device: str = "cpu", size: int = MATMUL_N) -> Any:
     import torch
 
-    a, b = torch.randn(MATMUL_N, MATMUL_N), torch.randn(MATMUL_N, MATMUL_N)
-    out = torch.empty(MATMUL_N, MATMUL_N)
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    out = torch.empty(size, size, device=device)
 
     def run(n: int) -> None:
         for _ in range(n):
@@ -260,8 +320,28 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=sorted(CONFIGS), help="one config")
     parser.add_argument("--json", action="store_true", help="print the JSON result only")
-    parser.add_argument("--out", default=str(OUT), help="markdown report path")
+    parser.add_argument("--out", default=None, help="markdown report path")
+    parser.add_argument("--device", default="cpu", help="cpu (the peers' table) or cuda: "
+                        "rlstash eager, compiled and compiled + CUDA graphs (bench/updates_gpu.py)")  # fmt: skip
+    parser.add_argument("--three-way", action="store_true",
+                        help="the GPU table's sides on --device cpu (a check of that code)")  # fmt: skip
+    parser.add_argument("--configs", default="", help="GPU table: comma-separated configs")
+    parser.add_argument("--barrier", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--compile-timeout", type=float, default=180.0,
+                        help="GPU table: seconds for all configs to compile (in parallel)")  # fmt: skip
+    parser.add_argument("--measure-timeout", type=float, default=60.0,
+                        help="GPU table: seconds for one config's timing")  # fmt: skip
+    parser.add_argument("--budget", type=float, default=300.0,
+                        help="GPU table: seconds for everything (no wait goes past it)")  # fmt: skip
     args = parser.parse_args()
+    if args.device != "cpu" or args.three_way:
+        import updates_gpu
+
+        if args.only:
+            return updates_gpu.child(args.only, args.device, args.barrier)
+        args.out = args.out or str(OUT.with_name(f"updates_{args.device}.md"))
+        return updates_gpu.main(__file__, args)
+    args.out = args.out or str(OUT)
     if args.only:
         result = measure(args.only)
         print(json.dumps(result) if args.json else json.dumps(result, indent=1))
