@@ -13,6 +13,8 @@
 #   batched     bench/batched.py --device cuda
 #   updates     bench/updates.py --device cuda
 #   e2e         bench/gpu_e2e.py --device cuda (SAC, TD3, PPO on MuJoCo, end to end)
+#   rerun       what failed in the first runs, after the fixes (the graphed-update tests, ...)
+# Time limits of updates/e2e/rerun: UPDATES_S, E2E_S, RERUN_S (seconds); UPDATES_ARGS extra.
 # Two stage groups run side by side where they do not share the GPU's attention: `tests` and
 # `cuda_files` (the latter never touches CUDA: the tripwire is on).
 #
@@ -88,8 +90,13 @@ run_stage() {
     seeds) stage seeds 120 "$PY" -m pytest -q -rA -p no:cacheprovider tests/gpu/test_field_reports.py ;;
     diag) stage diag 150 "$PY" bench/gpu_diag.py ;;
     batched) bench batched 240 bench/batched.py --device cuda --max-seconds 220 ;;
-    updates) bench updates 260 bench/updates.py --device cuda ;;
-    e2e) bench e2e 260 bench/gpu_e2e.py --device cuda ;;
+    rerun) stage rerun "${RERUN_S:-90}" "$PY" -m pytest -q -rfEs -p no:cacheprovider -n 8 --timeout 80 \
+        tests/gpu/test_compiled_cuda.py tests/agents/test_compiled.py \
+        tests/agents/test_device_constants.py tests/test_tripwire.py \
+        "tests/test_cli.py::test_plan_keeps_its_old_flag_names_with_a_deprecation_warning" ;;
+    updates) bench updates "${UPDATES_S:-330}" bench/updates.py --device cuda \
+        --budget "$((${UPDATES_S:-330} - 20))" ${UPDATES_ARGS:-} ;;
+    e2e) bench e2e "${E2E_S:-330}" bench/gpu_e2e.py --device cuda --budget "$((${E2E_S:-330} - 25))" ;;
     *) echo "unknown stage $1" | tee -a "$OUT/summary.txt" ;;
     esac
 }
