@@ -247,10 +247,12 @@ class ReplayBuffer:
             ctx = self.placement.context(self._ctx)  # what may be sampled now
             index, extra = self.sampler.sample(batch_size, ctx)  # the sampler picks
             batch = self.placement.take(index)  # the storage gathers
-        from_numpy = torch.from_numpy
-        batch["index"] = from_numpy(index)
+        # the sampler's picks (index, weights) go where the rows are: one device per batch
+        # (a GPU storage's batch with a host index was refused by the agents; seen on an H100)
+        home = None if self._host else self.storage.device
+        batch["index"] = _on(torch.from_numpy(index), home)
         for key, value in extra.items():
-            batch[key] = from_numpy(value)
+            batch[key] = _on(torch.from_numpy(value), home)
         transforms = self.transforms
         if not transforms and self._host and self.delivery.identity:
             return batch  # host tensors, nothing to move or pin: delivery is the identity
@@ -471,6 +473,11 @@ def _check_transformed(batch: Any, transform: Transform) -> None:
                 f"transform {transform!r}: returned {type(value).__name__} for key {key!r}, "
                 f"expected a torch.Tensor; fix: return torch.as_tensor(...) for it"
             )
+
+
+def _on(tensor: torch.Tensor, device: torch.device | None) -> torch.Tensor:
+    """``tensor`` on ``device`` (None: where it is)."""
+    return tensor if device is None else tensor.to(device)
 
 
 def _host_numpy(value: Any, name: str) -> np.ndarray:

@@ -366,3 +366,19 @@ def test_sampled_batches_stay_intact_while_held(prefetch):
             assert (h["frame"].flatten(1) == want[:, None]).all()
             assert "id" not in h or torch.equal(h["id"], index)
     rb.close()
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_a_batch_is_on_one_device_the_index_and_weights_go_where_the_rows_are(prioritized):
+    """A storage on a device (a GPU; here ``meta``, which a CPU machine has) delivers its
+    batches there by default (``device=None``: where the storage is), the sampler's ``index``
+    and ``weight`` too: on an H100 (issue 28) a GPU TensorStorage's batch carried a host
+    index, and every agent refused it ("batch['index']: expected a tensor on the learner
+    device cuda")."""
+    spec = Spec({"obs": Field((3,), torch.float32), "action": Field((), torch.int64)})
+    sampler = PrioritizedSampler(alpha=0.6, beta=0.4) if prioritized else None
+    rb = ReplayBuffer(TensorStorage(spec, 64, device="meta"), sampler=sampler, seed=0)
+    rb.extend({"obs": torch.zeros(8, 3), "action": torch.zeros(8, dtype=torch.int64)})
+    batch = rb.sample(4)
+    assert {k: v.device.type for k, v in batch.items()} == dict.fromkeys(batch, "meta")
+    assert set(batch) >= ({"index", "weight"} if prioritized else {"index"})
