@@ -15,6 +15,9 @@
 #   e2e         bench/gpu_e2e.py --device cuda (SAC, TD3, PPO on MuJoCo, end to end)
 #   rerun       what failed in the first runs, after the fixes (the graphed-update tests, ...)
 # Time limits of updates/e2e/rerun: UPDATES_S, E2E_S, RERUN_S (seconds); UPDATES_ARGS extra.
+# One command may run 10 minutes and a task gets 15 minutes of GPU time in all, so run it as two
+# calls: `bash bench/gpu_check.sh env tests+cuda_files+diag batched` (~4 min on an H100 with 16
+# cores), then `UPDATES_S=200 E2E_S=300 bash bench/gpu_check.sh updates e2e` (~8.5 min).
 # Two stage groups run side by side where they do not share the GPU's attention: `tests` and
 # `cuda_files` (the latter never touches CUDA: the tripwire is on).
 #
