@@ -240,13 +240,6 @@ class StreamStorage:
         return int((self.lanes.count - self.lanes.alive_floor()).sum())
 
     @property
-    def rows_bound(self) -> int:
-        """A bound on the rows ever written: ``min(L, max count) * N`` (rows are slot-major,
-        a lane's slots fill positions ``0, 1, ...`` until its ring wraps), so every valid start
-        is below it; the capacity once a lane wrapped."""
-        return min(self.lane_capacity, int(self.lanes.count.max())) * self.num_envs
-
-    @property
     def valid(self) -> np.ndarray:
         """bool[capacity]: valid transition starts (the same array, updated in place)."""
         return self.lanes.valid
