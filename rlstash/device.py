@@ -16,8 +16,10 @@ Rules (invariants I1, I3, I4 of DESIGN.md):
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from rlstash.spec import Batch
@@ -132,6 +134,62 @@ def _check_cuda(dev: torch.device, name: str, ops: CudaOps) -> None:
 
 def is_cuda(device: torch.device | None) -> bool:
     return device is not None and device.type == "cuda"
+
+
+UPLOAD_ALIGN = 64  # bytes: each part of an upload starts here (inductor wants 16)
+
+
+def upload(parts: Sequence[np.ndarray | torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Host arrays or tensors ``parts`` as tensors on ``device``, in one host-to-device copy.
+
+    A blocking copy per small tensor costs a CUDA synchronization each (a pageable
+    ``.to("cuda")`` waits for the stream); a write or a sample of a GPU storage made up to nine
+    of them per env step. Here the parts are packed into one pinned host buffer (each at a
+    ``UPLOAD_ALIGN``-byte offset) and copied with ``non_blocking=True``: no host wait. Safe
+    (invariant I4): the parts are copied into the buffer before this returns (the caller may
+    reuse them at once), and the buffer comes from torch's pinned-memory cache, which reuses a
+    block only after the copies that read it have completed (an event per copy). The results
+    are views of one device buffer, queued on the current stream. A CPU ``device``: the parts
+    as tensors, no copy; another device (``meta``): one plain copy. No CUDA call unless
+    ``device`` is CUDA (I1)."""
+    host = [
+        (p.detach() if p.requires_grad else p)
+        if isinstance(p, torch.Tensor)
+        else torch.from_numpy(_contiguous(p))
+        for p in parts
+    ]
+    if device.type == "cpu":
+        return host
+    pinned = device.type == "cuda"
+    buf, offsets = pack(host, pinned)
+    on = buf.to(device, non_blocking=pinned)
+    return [part(on, at, t) for t, at in zip(host, offsets)]
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def pack(host: Sequence[torch.Tensor], pinned: bool = False) -> tuple[torch.Tensor, list[int]]:
+    """(one uint8 host buffer holding the bytes of every tensor of ``host``, each tensor's
+    offset in it: a multiple of ``UPLOAD_ALIGN``); pinned when asked (a CUDA call)."""
+    offsets, total = [], 0
+    for t in host:
+        offsets.append(total)
+        nbytes = t.numel() * t.element_size()
+        total += -(-nbytes // UPLOAD_ALIGN) * UPLOAD_ALIGN
+    buf = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=pinned)
+    for t, at in zip(host, offsets):
+        if t.numel():
+            part(buf, at, t).copy_(t)
+    return buf, offsets
+
+
+def part(buf: torch.Tensor, at: int, like: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``buf`` from ``at`` as a tensor shaped and typed as ``like``."""
+    n = like.numel()
+    flat = buf[at : at + n * like.element_size()].view(like.dtype)
+    return flat.view(like.shape)
 
 
 class CudaOps:

@@ -50,7 +50,7 @@ from rlstash.core import (
     Writer,
     missing_members,
 )
-from rlstash.device import Delivery
+from rlstash.device import Delivery, upload
 from rlstash.indices import as_rows
 from rlstash.prefetch import Prefetcher, Stopped
 from rlstash.sampler import UniformSampler
@@ -249,10 +249,10 @@ class ReplayBuffer:
             batch = self.placement.take(index)  # the storage gathers
         # the sampler's picks (index, weights) go where the rows are: one device per batch
         # (a GPU storage's batch with a host index was refused by the agents; seen on an H100)
-        home = None if self._host else self.storage.device
-        batch["index"] = _on(torch.from_numpy(index), home)
-        for key, value in extra.items():
-            batch[key] = _on(torch.from_numpy(value), home)
+        # (one copy off the host for all of them: no host wait on a GPU)
+        picks = {"index": index, **extra}
+        home = self.storage.device if not self._host else torch.device("cpu")
+        batch.update(zip(picks, upload(list(picks.values()), home)))
         transforms = self.transforms
         if not transforms and self._host and self.delivery.identity:
             return batch  # host tensors, nothing to move or pin: delivery is the identity
@@ -473,11 +473,6 @@ def _check_transformed(batch: Any, transform: Transform) -> None:
                 f"transform {transform!r}: returned {type(value).__name__} for key {key!r}, "
                 f"expected a torch.Tensor; fix: return torch.as_tensor(...) for it"
             )
-
-
-def _on(tensor: torch.Tensor, device: torch.device | None) -> torch.Tensor:
-    """``tensor`` on ``device`` (None: where it is)."""
-    return tensor if device is None else tensor.to(device)
 
 
 def _host_numpy(value: Any, name: str) -> np.ndarray:

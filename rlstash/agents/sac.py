@@ -231,7 +231,8 @@ class SAC(AgentBase):
 
     def _act(self, obs: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
         """Actions in [low, high] for observations and standard normal noise [N, A]."""
-        a, _ = self.actor["actor"].rsample(obs, eps)  # [N, A] in [-1, 1]
+        mean, log_std = self.actor["actor"](obs)  # rsample's action, without log pi (unused)
+        a = torch.tanh(mean + log_std.exp() * eps)  # [N, A] in [-1, 1]
         return self.act_center + self.act_scale * a
 
     @torch.no_grad()

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from rlstash.core import Index
-from rlstash.device import stream_order
+from rlstash.device import stream_order, upload
 from rlstash.indices import normalize_index
 from rlstash.spec import Batch, Spec, dtype_name
 from rlstash.storage.block_pool import GIL, POOL_MIN_BYTES, BlockPool
@@ -260,11 +260,18 @@ class ArrayStorage:
     def _write_torch(self, index: slice | np.ndarray, batch: Batch) -> None:
         dev = self.device
         try:
-            srcs = [_as_tensor(batch[k]).to(dev) for k in self.tensors]  # all moved first
+            srcs = [_as_tensor(batch[k]) for k in self.tensors]
         except KeyError as exc:
             raise ValueError(f"batch: field {exc.args[0]!r} is missing") from None
+        host = [i for i, t in enumerate(srcs) if t.device != dev and t.is_cpu]
         if isinstance(index, np.ndarray):
-            index = torch.from_numpy(index).to(dev)
+            srcs.append(torch.from_numpy(index))
+            host.append(len(srcs) - 1)
+        # all moved first; the host ones (an env step's fields) in one copy, no host wait
+        moved = iter(upload([srcs[i] for i in host], dev)) if host else iter(())
+        srcs = [next(moved) if i in host else t.to(dev) for i, t in enumerate(srcs)]
+        if isinstance(index, np.ndarray):
+            index = srcs.pop()
         order = self.order
         if order is not None:
             order.before_write()

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from rlstash.core import Index, PersistentStorage, Storage
+from rlstash.device import upload
 from rlstash.spec import Batch
 from rlstash.storage.arrays import ArrayStorage, numpy_view
 from rlstash.storage.frame_backing import FrameBacking
@@ -168,6 +169,7 @@ def gather_tensors(
     once per row array (fields share them) and taken with numpy."""
     res: Batch = {}
     checked: set[int] = set()  # the row arrays checked
+    sels = _device_rows(tensors, req)
     for name, r in req.items():
         field = name.removeprefix("next_")
         t = tensors[field]
@@ -183,11 +185,27 @@ def gather_tensors(
             v = torch.from_numpy(np.take(a, idx, axis=0, out=o, mode="clip"))
             v = v.view(t.dtype) if v.dtype != t.dtype else v
         else:
-            sel = torch.from_numpy(r.reshape(-1)).to(t.device)
+            sel = sels[id(r)]
             o = None if dst is None else dst.view(r.size, *t.shape[1:])
             v = t.index_select(0, sel) if o is None else torch.index_select(t, 0, sel, out=o)
         res[name] = v.reshape(*r.shape, *t.shape[1:])
     return res
+
+
+def _device_rows(
+    tensors: Mapping[str, torch.Tensor], req: Mapping[str, np.ndarray]
+) -> dict[int, torch.Tensor]:
+    """The distinct row arrays of ``req`` read from tensors off the CPU, on their device (one
+    :func:`~rlstash.device.upload` per device, no host wait), by ``id``."""
+    by_device: dict[torch.device, dict[int, np.ndarray]] = {}
+    for name, r in req.items():
+        dev = tensors[name.removeprefix("next_")].device
+        if dev.type != "cpu":
+            by_device.setdefault(dev, {})[id(r)] = r.reshape(-1)
+    sels: dict[int, torch.Tensor] = {}
+    for dev, rows in by_device.items():
+        sels.update(zip(rows, upload(list(rows.values()), dev)))
+    return sels
 
 
 def out_for(out: Batch | None, name: str, rows: int, t: torch.Tensor) -> torch.Tensor | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rlstash.device import upload
 from rlstash.spec import Batch, Spec
 from rlstash.storage.lanes import DONE, TERM, TRUNC, Lanes
 from rlstash.storage.stream_backing import SlotRows
@@ -85,9 +86,11 @@ class StreamReader:
         if got["reward"].dtype != dtype:
             got["reward"] = got["reward"].to(dtype)
         ends = _FLAG_TABLE[:, last]  # [3, P] bool: terminated, truncated, done
-        got["terminated"], got["truncated"], got["done"] = (self.to_device(e) for e in ends)
         discount = np.full(len(flat), gamma, np.float32) if m is None else gamma**m
-        got["discount"] = self.to_device(discount.astype(np.float32, copy=False))
+        host = [*ends, discount.astype(np.float32, copy=False)]  # one copy off the CPU
+        got["terminated"], got["truncated"], got["done"], got["discount"] = upload(
+            host, self.rows.device
+        )
         if idx.ndim == 1:
             res = got
         else:
@@ -101,8 +104,7 @@ class StreamReader:
 
     def to_device(self, a: np.ndarray) -> torch.Tensor:
         """A host array as a tensor on the backing's device."""
-        t = torch.from_numpy(np.ascontiguousarray(a))
-        return t if self._cpu else t.to(self.rows.device)
+        return upload([a], self.rows.device)[0]
 
 
 __all__ = ["StreamReader"]

@@ -177,3 +177,11 @@ def test_twin_critic_pixels_get_one_encoder_each():
     critic(obs, act, detach=True).sum().backward()
     assert act.grad is not None and all(p.grad is None for p in critic.parameters())
     assert all(p.requires_grad for p in critic.parameters())  # restored after the detached call
+
+
+def test_exploration_action_is_rsample_s_without_its_log_prob():
+    # act skips log pi (unused when acting): its actions stay rsample's, bit for bit
+    agent = SAC((5,), 3, low=[-2.0, 0.0, -1.0], high=[3.0, 10.0, 1.0])
+    obs, eps = torch.randn(64, 5), torch.randn(64, 3)
+    a, _ = agent.actor["actor"].rsample(obs, eps)
+    assert torch.equal(agent._act(obs, eps), agent.act_center + agent.act_scale * a)
