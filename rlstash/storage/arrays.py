@@ -269,7 +269,8 @@ class ArrayStorage:
             host.append(len(srcs) - 1)
         # all moved first; the host ones (an env step's fields) in one copy, no host wait
         moved = iter(upload([srcs[i] for i in host], dev)) if host else iter(())
-        srcs = [next(moved) if i in host else t.to(dev) for i, t in enumerate(srcs)]
+        on_host = set(host)
+        srcs = [next(moved) if i in on_host else t.to(dev) for i, t in enumerate(srcs)]
         if isinstance(index, np.ndarray):
             index = srcs.pop()
         order = self.order
