@@ -27,26 +27,36 @@ has no next observation yet). A frame-stacked stream exports the single frames i
 with the frame's observation space and ``frame_stack: k`` in the dataset's metadata; loading
 it back stacks by k again (:func:`frame_stack_of`), the same windows.
 
+Damage: a dataset whose files do not read (metadata that does not parse, a truncated or
+overwritten HDF5 file, a missing data file, an episode missing a field) is refused with a
+:class:`~rlstash.manifest.DamagedFile` naming the file, wherever the read happens (loading,
+the episodes' metadata, each decoded episode): :func:`reading` around every read of the
+dataset's files, and only those (a full disk while filling a disk storage is no damage).
+
 Observation fields: a Box space is the field ``obs``; a Dict space (nested too) is one field
 ``obs/<key>[/<key>...]`` per leaf, as everywhere in rlstash.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from rlstash.manifest import DamagedFile, one_line
 from rlstash.spec import Field, Spec
 from rlstash.storage.lanes import START, TERM, TRUNC, WRITTEN
 from rlstash.storage.stream import StreamStorage
 from rlstash.storage.stream_spec import ReadSpec
 
 INSTALL_HINT = "pip install 'rlstash[minari]'"
+RECREATE = "recreate the dataset (minari.DataCollector, rlstash export) or restore it from a copy"
 FRAME_STACK = "frame_stack"
 """Dataset metadata key: the frames per observation of a dataset of single frames."""
 
@@ -72,8 +82,11 @@ def load(dataset: Any) -> Any:
             f"{type(dataset).__name__}"
         )
     name = os.fspath(dataset)
-    local = sorted(minari.list_local_datasets())
+    with warnings.catch_warnings():  # Minari warns of each misconfigured dataset it skips
+        warnings.simplefilter("ignore", UserWarning)
+        local = sorted(minari.list_local_datasets())
     if name not in local:
+        _refuse_misconfigured(name)
         where = os.environ.get("MINARI_DATASETS_PATH", "~/.minari/datasets")
         shown = ", ".join(local[:8]) + (" ..." if len(local) > 8 else "") if local else "none"
         raise ValueError(
@@ -81,7 +94,58 @@ def load(dataset: Any) -> Any:
             f"create it (minari.DataCollector, rlstash export RUN --minari {name}) or set "
             f"MINARI_DATASETS_PATH"
         )
-    return minari.load_dataset(name)
+    data = Path(minari.storage.get_dataset_path(name), "data")
+    with reading(data / "main_data.hdf5" if (data / "main_data.hdf5").exists() else data):
+        return minari.load_dataset(name)
+
+
+@contextlib.contextmanager
+def reading(file: str | os.PathLike) -> Iterator[None]:
+    """Reads of a dataset's ``file``: an error of the file (OSError, h5py's KeyError of a
+    missing object, a metadata ValueError) becomes a :class:`DamagedFile` naming it."""
+    try:
+        yield
+    except DamagedFile:
+        raise
+    except (OSError, KeyError, ValueError) as exc:
+        raise DamagedFile(file, f"it does not read ({one_line(exc)})", RECREATE) from None
+
+
+def _refuse_misconfigured(name: str) -> None:
+    """A DamagedFile when dataset ``name`` has a data folder that Minari skipped (its
+    metadata does not read, or names another id); nothing when there is no such folder."""
+    minari = import_minari()
+    data = Path(minari.storage.get_dataset_path(name), "data")
+    if not data.is_dir():
+        return
+    from minari.dataset.minari_storage import MinariStorage
+
+    with reading(data / "metadata.json"):
+        meta = MinariStorage.read_raw_metadata(str(data))
+        if meta.get("dataset_id") != name:
+            raise ValueError(f"it names the dataset {meta.get('dataset_id')!r}, not {name!r}")
+
+
+def data_file(dataset: Any) -> Path:
+    """The file holding a loaded dataset's episodes (its HDF5 file; its data folder for
+    another storage)."""
+    data = Path(dataset.storage.data_path)
+    return data / "main_data.hdf5" if (data / "main_data.hdf5").exists() else data
+
+
+def episodes(dataset: Any, indices: Any = None) -> Iterator[Any]:
+    """The episodes of a loaded ``dataset`` (``indices``: those), each decoded under
+    :func:`reading` its data file: a damaged episode is a :class:`DamagedFile`."""
+    where = data_file(dataset)
+    with reading(where):
+        it = dataset.iterate_episodes(indices)
+    end = object()
+    while True:
+        with reading(where):
+            ep = next(it, end)
+        if ep is end:
+            return
+        yield ep
 
 
 # ------------------------------------------------------------------ spaces and specs
@@ -159,8 +223,9 @@ def episode_lengths(dataset: Any) -> list[int]:
     """The steps of each episode of ``dataset``, in its order, from the episodes' metadata
     (nothing decoded)."""
     ds = load(dataset)
-    meta = ds.storage.get_episode_metadata(ds.episode_indices)
-    return [int(m["total_steps"]) for m in meta]
+    with reading(data_file(ds)):
+        meta = ds.storage.get_episode_metadata(ds.episode_indices)
+        return [int(m["total_steps"]) for m in meta]
 
 
 def frame_stack_of(dataset: Any) -> int:
@@ -181,7 +246,7 @@ def info_spec(dataset: Any, infos: bool | Iterable[str]) -> dict[str, Field]:
         if not infos:
             return {}
     ds = load(dataset)
-    first = next(ds.iterate_episodes(ds.episode_indices[:1]), None)
+    first = next(episodes(ds, ds.episode_indices[:1]), None)
     found = _flat_obs(first.infos or {}, "info") if first is not None else {}
     want = list(found) if infos is True else [_info_name(k) for k in infos]
     if not found:
@@ -267,7 +332,12 @@ def fill_dataset(target: Any, storage: StreamStorage, dataset: Any) -> int:
         )
     info_keys = [k for k in storage.slot_spec if k.startswith("info/")]
     any_fields = target is storage
-    return fill(target, storage, ds.iterate_episodes(), lanes, P, _per_slot(info_keys), any_fields)
+    try:
+        return fill(target, storage, episodes(ds), lanes, P, _per_slot(info_keys), any_fields)
+    except ValueError as exc:  # an episode that does not match its metadata or the fields
+        if type(exc) is not ValueError:  # DamagedFile, NonFiniteError: they say it already
+            raise
+        raise ValueError(f"dataset {ds.id} ({data_file(ds)}): {exc}") from None
 
 
 def from_minari(

@@ -345,8 +345,21 @@ class TrainConfig:
         """The run's directory name under ``run_dir``: ``name``, else
         ``<algo>-<env>-s<seed>`` with every character of the env id but letters, digits,
         ``.``, ``_`` and ``-`` written as ``-`` (``ALE/Pong-v5`` -> ``dqn-ALE-Pong-v5-s0``: one
-        directory, not ``dqn-ALE/`` holding ``Pong-v5-s0``)."""
-        return self.name or f"{self.algo}-{_UNSAFE.sub('-', self.env)}-s{self.seed}"
+        directory, not ``dqn-ALE/`` holding ``Pong-v5-s0``). With ``dataset`` and the default
+        ``env``, the env is the dataset's (the one the run trains and evaluates in)."""
+        return self.name or f"{self.algo}-{_UNSAFE.sub('-', self._named_env())}-s{self.seed}"
+
+    def _named_env(self) -> str:
+        """``env``, or the env ``dataset`` names when ``env`` is the default (a dataset that
+        does not load leaves ``env``: the run is refused with that error before it writes)."""
+        if not self.dataset or self.env != TrainConfig.env:
+            return self.env
+        from rlstash.datasets import minari as mds
+
+        try:
+            return mds.env_id(self.dataset)
+        except (ValueError, ImportError):
+            return self.env
 
 
 def check_compression(

@@ -39,6 +39,14 @@ def test_offline_run_updates_checkpoints_and_evaluates_in_the_dataset_env(tmp_pa
     assert main(["eval", str(run), "--episodes", "1"]) == 0
 
 
+def test_the_run_directory_names_the_env_of_the_dataset(tmp_path, minari_path):
+    collect("test/pend-v0", gym.make("Pendulum-v1", max_episode_steps=50), steps=100)
+    code = _train(tmp_path, "--algo", "iql", "--dataset", "test/pend-v0", "--steps", "20",
+                  "--gradient-steps", "20", "--eval-every", "20", "--eval-episodes", "1")  # fmt: skip
+    assert code == 0
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["iql-Pendulum-v1-s0"]
+
+
 def test_bad_dataset_ids_are_one_line_errors(tmp_path, minari_path, capsys):
     collect("test/cart-v0", gym.make("CartPole-v1"), steps=60)
     cases = [
