@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -81,22 +82,53 @@ def load(dataset: Any) -> Any:
             f"dataset: expected a minari.MinariDataset or a local dataset id, got "
             f"{type(dataset).__name__}"
         )
-    name = os.fspath(dataset)
-    with warnings.catch_warnings():  # Minari warns of each misconfigured dataset it skips
-        warnings.simplefilter("ignore", UserWarning)
-        local = sorted(minari.list_local_datasets())
-    if name not in local:
-        _refuse_misconfigured(name)
+    name = check_dataset_id(os.fspath(dataset), "dataset")
+    data = Path(minari.storage.get_dataset_path(name), "data")
+    if not data.is_dir():
         where = os.environ.get("MINARI_DATASETS_PATH", "~/.minari/datasets")
-        shown = ", ".join(local[:8]) + (" ..." if len(local) > 8 else "") if local else "none"
+        local = _local_ids()
+        shown = (
+            ", ".join(local[:8]) + (" ..." if len(local) > 8 else "")
+            if isinstance(local, list) and local
+            else local or "none"
+        )
         raise ValueError(
             f"dataset: no local Minari dataset {name!r} under {where} (found: {shown}); "
             f"create it (minari.DataCollector, rlstash export RUN --minari {name}) or set "
             f"MINARI_DATASETS_PATH"
         )
-    data = Path(minari.storage.get_dataset_path(name), "data")
+    _check_metadata(name, data)
     with reading(data / "main_data.hdf5" if (data / "main_data.hdf5").exists() else data):
         return minari.load_dataset(name)
+
+
+def check_dataset_id(dataset_id: str, field: str) -> str:
+    """``dataset_id`` when it is a Minari id, ``(namespace/)name-vN``, else a ValueError
+    naming ``field`` (a path or a malformed id would make Minari's listing of every local
+    dataset fail)."""
+    from minari.dataset.minari_dataset import parse_dataset_id
+
+    try:
+        parse_dataset_id(dataset_id)
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"{field}: expected a Minari dataset id, (namespace/)name-vN with letters, digits, "
+            f"'-' and '_' (a namespace of 2 characters or more), got {dataset_id!r}; e.g. "
+            f"mine/pendulum-v0 (a dataset's folder: set MINARI_DATASETS_PATH to its root)"
+        ) from None
+    return dataset_id
+
+
+def _local_ids() -> list[str] | str:
+    """The ids of the local datasets Minari lists, or why its listing fails (a folder under
+    its root that is no dataset id makes it raise)."""
+    minari = import_minari()
+    with warnings.catch_warnings():  # Minari warns of each misconfigured dataset it skips
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            return sorted(minari.list_local_datasets())
+        except (ValueError, TypeError, OSError) as exc:
+            return f"none listed, Minari's listing fails: {one_line(exc)}"
 
 
 @contextlib.contextmanager
@@ -111,13 +143,9 @@ def reading(file: str | os.PathLike) -> Iterator[None]:
         raise DamagedFile(file, f"it does not read ({one_line(exc)})", RECREATE) from None
 
 
-def _refuse_misconfigured(name: str) -> None:
-    """A DamagedFile when dataset ``name`` has a data folder that Minari skipped (its
-    metadata does not read, or names another id); nothing when there is no such folder."""
-    minari = import_minari()
-    data = Path(minari.storage.get_dataset_path(name), "data")
-    if not data.is_dir():
-        return
+def _check_metadata(name: str, data: Path) -> None:
+    """A DamagedFile when the metadata in dataset ``name``'s ``data`` folder does not read,
+    or names another id (Minari's listing skips such a dataset)."""
     from minari.dataset.minari_storage import MinariStorage
 
     with reading(data / "metadata.json"):
@@ -488,10 +516,12 @@ def to_minari(
     the frame's (:func:`frame_space`) and the dataset's metadata records ``frame_stack: k``:
     :func:`from_minari` reads it back stacked by k, the same windows."""
     minari = import_minari()
-    if dataset_id in minari.list_local_datasets():
+    check_dataset_id(dataset_id, "dataset_id")
+    target = Path(minari.storage.get_dataset_path(dataset_id))
+    if target.exists():
         raise ValueError(
-            f"dataset_id: a local Minari dataset {dataset_id!r} exists already; pick another "
-            f"name or delete it (minari.delete_dataset)"
+            f"dataset_id: a local Minari dataset {dataset_id!r} exists already ({target}); "
+            f"pick another name or delete it (minari.delete_dataset)"
         )
     from minari.data_collector.episode_buffer import EpisodeBuffer
 
@@ -513,9 +543,17 @@ def to_minari(
         kwargs["observation_space"] = observation_space
     if action_space is not None:
         kwargs["action_space"] = action_space
-    with warnings.catch_warnings():  # Minari's advice to set author, code_permalink, ...
-        warnings.filterwarnings("ignore", r".* is set to None", UserWarning)
-        ds = minari.create_dataset_from_buffers(dataset_id, episodes, env=env, **kwargs)
-    if k > 1:
-        ds.storage.update_metadata({FRAME_STACK: k})
+    made = target  # the outermost folder the dataset creates: removed if the write fails
+    root = Path(minari.storage.get_dataset_path())
+    while made.parent != root and not made.parent.exists():
+        made = made.parent
+    try:
+        with warnings.catch_warnings():  # Minari's advice to set author, code_permalink, ...
+            warnings.filterwarnings("ignore", r".* is set to None", UserWarning)
+            ds = minari.create_dataset_from_buffers(dataset_id, episodes, env=env, **kwargs)
+        if k > 1:
+            ds.storage.update_metadata({FRAME_STACK: k})
+    except BaseException:  # a failed export leaves no partial dataset behind
+        shutil.rmtree(made, ignore_errors=True)
+        raise
     return ds

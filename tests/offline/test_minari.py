@@ -117,6 +117,36 @@ def test_bad_dataset_ids_and_an_existing_export_are_one_line_errors(minari_path)
     st.close()
 
 
+@pytest.mark.parametrize("bad", ["bad id", "/abs/path/pend-v0", "test/pend", "a/pend-v0"])
+def test_a_malformed_id_is_refused_and_a_failed_export_writes_nothing(minari_path, bad,
+                                                                       monkeypatch):  # fmt: skip
+    collect("test/have-v0", gym.make("Pendulum-v1", max_episode_steps=20), steps=40)
+    before = sorted(minari_path.rglob("*"))
+    st = mds.from_minari("test/have-v0")
+    with pytest.raises(ValueError, match=rf"dataset_id: expected a Minari dataset id.*{bad!r}"):
+        mds.to_minari(st, bad, env="Pendulum-v1")
+    with pytest.raises(ValueError, match=rf"dataset: expected a Minari dataset id.*{bad!r}"):
+        mds.load(bad)
+
+    def fails(*args, **kwargs):  # the write fails after Minari made the dataset's folders
+        (minari_path / "new" / "space" / "pend-v0" / "data").mkdir(parents=True)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(minari, "create_dataset_from_buffers", fails)
+    with pytest.raises(OSError, match="No space left"):
+        mds.to_minari(st, "new/space/pend-v0", env="Pendulum-v1")
+    st.close()
+    assert sorted(minari_path.rglob("*")) == before  # nothing written, nothing left behind
+
+
+def test_a_stray_folder_under_the_root_does_not_hide_the_datasets(minari_path):
+    collect("test/have-v0", gym.make("Pendulum-v1", max_episode_steps=20), steps=40)
+    (minari_path / "not an id" / "data").mkdir(parents=True)  # Minari's listing raises on it
+    assert len(ReplayBuffer.from_minari("test/have-v0")) > 0
+    with pytest.raises(ValueError, match=r"no local Minari dataset.*listing fails"):
+        ReplayBuffer.from_minari("test/nope-v0")
+
+
 def test_export_walks_every_lane_oldest_first_and_cuts_the_running_episode():
     """Two lanes of 8 slots, 10 next-step steps (the ring overwrote each lane's 2 oldest):
     lane 0 terminates and runs on, lane 1 truncates and runs on; no minari needed."""
