@@ -335,11 +335,13 @@ class ReplayBuffer:
     ) -> ReplayBuffer:
         """A buffer over a one-lane StreamStorage holding every episode of a Minari dataset
         (a ``MinariDataset`` or a local id; ``reads``: a ReadSpec; ``infos``: True or a list
-        of info keys kept as fields ``info/<key>``; ``kwargs``: this class's arguments). See
-        :mod:`rlstash.datasets.minari`; needs ``rlstash[minari]``."""
+        of info keys kept as fields ``info/<key>``; ``kwargs``: this class's arguments, its
+        ``check_finite`` the storage's too). See :mod:`rlstash.datasets.minari`; needs
+        ``rlstash[minari]``."""
         from rlstash.datasets.minari import from_minari
 
-        return cls(from_minari(dataset, reads=reads, infos=infos), **kwargs)
+        finite = kwargs.get("check_finite", True)
+        return cls(from_minari(dataset, reads=reads, infos=infos, check_finite=finite), **kwargs)
 
     @classmethod
     def load(

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlstash.finite import OPT_OUT, NonFiniteError
 from rlstash.manifest import DamagedFile, one_line
 from rlstash.spec import Field, Spec
 from rlstash.storage.lanes import START, TERM, TRUNC, WRITTEN
@@ -362,10 +363,27 @@ def fill_dataset(target: Any, storage: StreamStorage, dataset: Any) -> int:
     any_fields = target is storage
     try:
         return fill(target, storage, episodes(ds), lanes, P, _per_slot(info_keys), any_fields)
+    except NonFiniteError as exc:  # say where in the dataset, not where in the fill
+        raise NonFiniteError(
+            f"dataset {ds.id} ({data_file(ds)}): {_first_non_finite(ds)} holds a non-finite "
+            f"value; nothing was written. Fix: clean the dataset, or {OPT_OUT}"
+        ) from exc
     except ValueError as exc:  # an episode that does not match its metadata or the fields
-        if type(exc) is not ValueError:  # DamagedFile, NonFiniteError: they say it already
+        if type(exc) is not ValueError:  # DamagedFile: it names the file already
             raise
         raise ValueError(f"dataset {ds.id} ({data_file(ds)}): {exc}") from None
+
+
+def _first_non_finite(dataset: Any) -> str:
+    """``episode <id>'s <field>`` of the first non-finite value in ``dataset`` (its
+    observations, actions, rewards), or ``an episode`` when none is found."""
+    for ep in episodes(dataset):
+        for name, value in (("observations", ep.observations), ("actions", ep.actions),
+                            ("rewards", ep.rewards)):  # fmt: skip
+            for key, arr in _flat_obs(value, name).items():
+                if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                    return f"episode {ep.id}'s {key}"
+    return "an episode"
 
 
 def from_minari(

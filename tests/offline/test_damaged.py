@@ -15,6 +15,7 @@ import pytest
 
 from rlstash import ReplayBuffer
 from rlstash.cli.main import main
+from rlstash.finite import NonFiniteError
 from rlstash.manifest import DamagedFile
 from tests.offline.conftest import collect
 
@@ -103,3 +104,15 @@ def test_an_episode_shorter_than_its_fields_names_the_dataset(minari_path):
         h["episode_1"]["observations"] = obs
     with pytest.raises(ValueError, match=r"dataset test/bad-v0 \(.*main_data\.hdf5\): episode 1"):
         ReplayBuffer.from_minari("test/bad-v0")
+
+
+def test_a_non_finite_value_names_the_dataset_episode_and_field(minari_path):
+    _damaged(minari_path, lambda data: None)
+    with h5py.File(minari_path / "test" / "bad-v0" / "data" / "main_data.hdf5", "a") as h:
+        obs = np.asarray(h["episode_2"]["observations"])
+        obs[3, 1] = np.nan
+        h["episode_2"]["observations"][...] = obs
+    with pytest.raises(NonFiniteError, match=r"dataset test/bad-v0 \(.*main_data\.hdf5\): "
+                       r"episode 2's observations holds a non-finite value"):  # fmt: skip
+        ReplayBuffer.from_minari("test/bad-v0")
+    assert len(ReplayBuffer.from_minari("test/bad-v0", check_finite=False)) > 0
