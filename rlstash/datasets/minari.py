@@ -40,6 +40,7 @@ Observation fields: a Box space is the field ``obs``; a Dict space (nested too) 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import warnings
@@ -51,7 +52,7 @@ import numpy as np
 import torch
 
 from rlstash.finite import OPT_OUT, NonFiniteError
-from rlstash.manifest import DamagedFile, one_line
+from rlstash.manifest import DamagedFile, digest, one_line
 from rlstash.spec import Field, Spec
 from rlstash.storage.lanes import START, TERM, TRUNC, WRITTEN
 from rlstash.storage.stream import StreamStorage
@@ -160,6 +161,26 @@ def data_file(dataset: Any) -> Path:
     another storage)."""
     data = Path(dataset.storage.data_path)
     return data / "main_data.hdf5" if (data / "main_data.hdf5").exists() else data
+
+
+def fingerprint(dataset: Any) -> str:
+    """What identifies a loaded dataset's contents: its id, counts and the SHA-256 of its data
+    file (``"<id>: <steps> steps, <episodes> episodes, sha256 <16 hex>"``); an offline run
+    records it and a resumed one checks it (the dataset is read again on resume)."""
+    file = data_file(dataset)
+    with reading(file):
+        stat = file.stat()
+        sha = _file_sha(str(file), stat.st_size, stat.st_mtime_ns) if file.is_file() else "-"
+    return (
+        f"{dataset.id}: {dataset.total_steps} steps, {dataset.total_episodes} episodes, "
+        f"sha256 {sha[:16]}"
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _file_sha(path: str, size: int, mtime_ns: int) -> str:
+    """The SHA-256 of ``path`` (cached while its size and mtime stay)."""
+    return digest(path)["sha256"]
 
 
 def episodes(dataset: Any, indices: Any = None) -> Iterator[Any]:

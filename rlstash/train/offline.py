@@ -115,6 +115,13 @@ class OfflineLearning(Learning):
     def place(self, cfg: Any, device: torch.device) -> Any:
         return cfg
 
+    def settings(self, cfg: Any, info: Any) -> dict[str, Any]:
+        """The checkpoint's settings and the dataset's :func:`~rlstash.datasets.minari.
+        fingerprint`: a resumed run reads the dataset again and checks it is the same."""
+        from rlstash.datasets import minari as mds
+
+        return {**super().settings(cfg, info), "dataset": mds.fingerprint(mds.load(cfg.dataset))}
+
     def make_env(self, cfg: Any, agent_cfg: Any, info: Any, device: torch.device, seed: int) -> Any:
         return make_vec_env(cfg.env, 1, 0, None, 0, device)  # never stepped: no collection
 
@@ -126,6 +133,13 @@ class OfflineLearning(Learning):
 
         ds = mds.load(cfg.dataset)
         _check_spaces(cfg, ds, info)
+        recorded = (state or {}).get("settings", {}).get("dataset")
+        if recorded is not None and recorded != mds.fingerprint(ds):
+            raise ValueError(
+                f"dataset: {cfg.dataset} changed since the run's checkpoint (then: {recorded}; "
+                f"now: {mds.fingerprint(ds)}); restore the dataset the run trained on, or "
+                f"start a new run"
+            )
         reads = ReadSpec(n_step=cfg.n_steps, gamma=agent_cfg.gamma)
         spec = step_spec(info.obs_space, info.act_space)
         storage = mds.from_minari(ds, reads=reads, spec=spec)

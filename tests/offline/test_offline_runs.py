@@ -124,3 +124,21 @@ def test_resuming_an_offline_run_continues_its_updates_and_reads_the_dataset_onc
         steps = [int(r["step"]) for r in csv.DictReader(f)]
     # rows are written at most once a second, so the last one may come before step 120
     assert steps == sorted(steps) and steps[-1] > 60 and len(set(steps)) == len(steps)
+
+
+def test_resuming_on_a_changed_dataset_is_refused(tmp_path, minari_path, capsys):
+    collect("test/pend-v0", gym.make("Pendulum-v1", max_episode_steps=50), steps=200, seed=0)
+    argv = ["--algo", "iql", "--dataset", "test/pend-v0", "--steps", "20", "--gradient-steps",
+            "20", "--eval-every", "20", "--checkpoint-every", "20", "--eval-episodes", "1",
+            "--name", "iql"]  # fmt: skip
+    assert _train(tmp_path, *argv) == 0
+    run = tmp_path / "runs" / "iql"
+    recorded = checkpoint.load_state(run / "checkpoint")["settings"]["dataset"]
+    assert recorded.startswith("test/pend-v0: 200 steps, 4 episodes, sha256 ")
+    assert main(["train", "--resume", str(run)]) == 0  # the same dataset: resumes
+    capsys.readouterr()
+    minari.delete_dataset("test/pend-v0")  # made again: the same id and counts, other steps
+    collect("test/pend-v0", gym.make("Pendulum-v1", max_episode_steps=50), steps=200, seed=1)
+    assert main(["train", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "dataset: test/pend-v0 changed since the run's" in err, err
