@@ -24,8 +24,10 @@ from typing import Any
 
 import torch
 
+from rlstash.device import resolve_device
 from rlstash.envs.make import make_eval_env, make_vec_env
 from rlstash.replay import ReplayBuffer
+from rlstash.settings import field_values
 from rlstash.storage import ReadSpec
 from rlstash.train import checkpoint
 from rlstash.train.run import Learning, Run, step_spec
@@ -94,6 +96,29 @@ def seed_buffer(rb: ReplayBuffer, cfg: Any) -> int:
     return mds.fill_dataset(rb, rb.storage, mds.load(cfg.dataset))
 
 
+UNUSED = ("envs", "workers", "env_backend", "env_batch", "ray", "ray_actors", "history",
+          "storage", "buffer_size", "learning_starts", "train_freq", "compress",
+          "compress_budget", "compress_delta")  # fmt: skip
+"""Settings an offline run has no use for (no env is stepped; the replay is the dataset, in
+memory on ``--buffer-device``): given another value than the default, they are refused."""
+
+
+def check_offline_settings(cfg: Any) -> None:
+    """A ValueError naming the first :data:`UNUSED` setting ``cfg`` gives (a value other than
+    :class:`~rlstash.train.config.TrainConfig`'s default and the offline loop's own)."""
+    from rlstash.train.algos import OFFLINE_LOOP
+    from rlstash.train.config import TrainConfig
+
+    defaults, given = field_values(TrainConfig()), field_values(cfg)
+    for name in UNUSED:
+        if given[name] not in (defaults[name], OFFLINE_LOOP.get(name, defaults[name])):
+            raise ValueError(
+                f"{name}: not used by offline --algo {cfg.algo} (no env is stepped; the replay "
+                f"is the dataset, held on --buffer-device), got {given[name]!r}; drop "
+                f"--{name.replace('_', '-')}"
+            )
+
+
 class OfflineLearning(Learning):
     """Updates only, on a replay filled from ``cfg.dataset`` (module docstring)."""
 
@@ -105,14 +130,13 @@ class OfflineLearning(Learning):
                 f"dataset: --algo {cfg.algo} learns offline from a dataset; give --dataset NAME "
                 f"(a local Minari dataset id)"
             )
-        for name, value in (("ray", cfg.ray), ("history", cfg.history)):
-            if value:
-                raise ValueError(f"{name}: not used by offline --algo {cfg.algo}; drop it")
+        check_offline_settings(cfg)
 
     def with_dataset(self, cfg: Any) -> Any:
         return with_dataset_env(cfg)
 
     def place(self, cfg: Any, device: torch.device) -> Any:
+        resolve_device(cfg.buffer_device, "buffer_device")  # where the dataset is held
         return cfg
 
     def settings(self, cfg: Any, info: Any) -> dict[str, Any]:
@@ -142,7 +166,8 @@ class OfflineLearning(Learning):
             )
         reads = ReadSpec(n_step=cfg.n_steps, gamma=agent_cfg.gamma)
         spec = step_spec(info.obs_space, info.act_space)
-        storage = mds.from_minari(ds, reads=reads, spec=spec)
+        where = resolve_device(cfg.buffer_device, "buffer_device")
+        storage = mds.from_minari(ds, reads=reads, spec=spec, device=where)
         return ReplayBuffer(storage, seed=cfg.seed + (state["step"] if state else 0), device=device)
 
     def collect_frames(self, cfg: Any, agent_cfg: Any) -> int:

@@ -10,6 +10,7 @@ import csv
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
 from rlstash.cli.main import main
 from tests.offline.conftest import collect
@@ -62,6 +63,43 @@ def test_bad_dataset_ids_are_one_line_errors(tmp_path, minari_path, capsys):
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
     assert not (tmp_path / "runs").exists()  # refused before the run directory was made
+
+
+@pytest.mark.parametrize("flag, value", [("--envs", "4"), ("--workers", "2"),
+    ("--storage", "disk"), ("--buffer-size", "100"), ("--compress", "lz4"),
+    ("--learning-starts", "10"), ("--train-freq", "4"), ("--env-batch", "1"),
+    ("--env-backend", "envpool"), ("--ray-actors", "3"), ("--history", "2")])  # fmt: skip
+def test_a_setting_an_offline_run_cannot_use_is_refused(tmp_path, minari_path, capsys, flag,
+                                                        value):  # fmt: skip
+    collect("test/pend-v0", gym.make("Pendulum-v1", max_episode_steps=50), steps=60)
+    code = _train(tmp_path, "--algo", "iql", "--dataset", "test/pend-v0", "--steps", "10",
+                  "--gradient-steps", "10", "--eval-every", "10", "--eval-episodes", "1",
+                  flag, value)  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{flag}: not used by offline --algo iql" in err and f"drop {flag}" in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.allow_cuda  # asks torch.cuda.is_available(): on a GPU machine the CUDA branch runs
+def test_the_buffer_device_is_where_the_dataset_is_held(tmp_path, minari_path, capsys):
+    collect("test/pend-v0", gym.make("Pendulum-v1", max_episode_steps=50), steps=60)
+    if not torch.cuda.is_available():  # honoured, so refused here: never silently the CPU
+        assert _train(tmp_path, "--algo", "iql", "--dataset", "test/pend-v0", "--steps", "10",
+                      "--gradient-steps", "10", "--eval-every", "10", "--eval-episodes", "1",
+                      "--buffer-device", "cuda") == 2  # fmt: skip
+        assert "--buffer-device: 'cuda' was asked for" in capsys.readouterr().err
+        return
+    from rlstash.train.builders import build_run
+    from rlstash.train.config import TrainConfig
+
+    cfg = TrainConfig(algo="iql", dataset="test/pend-v0", buffer_device="cuda", device="cuda",
+                      run_dir=str(tmp_path / "runs"))  # fmt: skip
+    run = build_run(cfg, tmp_path / "runs" / "r")
+    try:
+        assert run.rb.storage.device.type == "cuda"
+    finally:
+        run.close()
 
 
 def test_online_run_starts_from_the_dataset_and_exports_it(tmp_path, minari_path, capsys):
