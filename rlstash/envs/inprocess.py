@@ -59,6 +59,8 @@ class InProcessBackend(Backend):
         spec (``resolve``: as for :meth:`ProcessBackend.start`)."""
         try:
             envs, obs_spaces, act_spaces = self._build()
+        except (ValueError, TypeError, ImportError):
+            raise  # bad input the env refused (a setting, a missing package): as it was raised
         except Exception as exc:
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             raise WorkerFailedError(0, self.envs_idx, 1, 0, text, [], starting=True) from exc

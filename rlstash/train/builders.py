@@ -66,6 +66,7 @@ def build_run(cfg: TrainConfig, run_dir: Path, state: dict[str, Any] | None = No
     learning = LEARNING[algos.ALGOS[cfg.algo].store]
     torch.set_num_threads(cfg.torch_threads)
     learning.check(cfg)
+    learning.check_env_kwargs(cfg)
     check_env_batch(cfg, learning)
     if cfg.ray:
         ray_run.check(cfg)

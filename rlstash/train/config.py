@@ -262,6 +262,11 @@ class TrainConfig:
                 "env_batch", f"0 (off) or 1..--envs ({self.envs})", self.env_batch,
                 "give at most --envs",
             )  # fmt: skip
+        if not self.ray and self.ray_actors != TrainConfig.ray_actors:
+            raise SettingError(
+                "ray_actors", f"the default ({TrainConfig.ray_actors}) without --ray",
+                self.ray_actors, "give --ray ADDRESS (or local) too, or drop --ray-actors",
+            )  # fmt: skip
         if self.threshold is not None and not math.isfinite(self.threshold):
             raise SettingError(
                 "threshold", "a finite return", self.threshold, "give a number, or leave it unset"

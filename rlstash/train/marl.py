@@ -174,6 +174,7 @@ class MultiAgentLearning(Learning):
     """MAPPO/IPPO: a [T, E, A] rollout by the current policy, one update on it, repeated."""
 
     name = "multiagent"
+    uses_env_kwargs = True
 
     def check(self, cfg: Any) -> None:
         for name, bad in (("history", cfg.history), ("ray", cfg.ray)):

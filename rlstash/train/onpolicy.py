@@ -123,6 +123,11 @@ def check_rollout_settings(cfg: Any) -> None:
             f"storage: --algo {cfg.algo} keeps one rollout in memory and has no replay "
             f"storage; drop --storage {cfg.storage}"
         )
+    if cfg.buffer_device != "cpu":
+        raise ValueError(
+            f"buffer_device: --algo {cfg.algo} keeps its rollout on --device, it has no "
+            f"replay buffer; drop --buffer-device {cfg.buffer_device} (give --device)"
+        )
     if cfg.compress != "none":
         raise ValueError(
             f"compress: --algo {cfg.algo} keeps one rollout in memory, not a replay of "

@@ -38,9 +38,20 @@ class Learning:
 
     name = ""
     same_step = False  # its env needs same-step autoreset (every row a real step)
+    uses_env_kwargs = False  # --env-kwargs reaches its envs (the multi-agent learnings)
 
     def check(self, cfg: Any) -> None:
         """Refuse settings this kind of learning has no use for, before the env is probed."""
+
+    def check_env_kwargs(self, cfg: Any) -> None:
+        """Refuse ``--env-kwargs`` where this learning's envs would not get them."""
+        if cfg.env_kwargs and not self.uses_env_kwargs:
+            raise ValueError(
+                f"env_kwargs: reach multi-agent envs (vmas/<scenario>, pettingzoo:<module>) "
+                f"only, not {cfg.env}, got {cfg.env_kwargs!r}; register a gymnasium id with "
+                f"them (gymnasium.register(id, entry_point, kwargs=...) in your module) and "
+                f"give --env your_module:YourId-v0, or drop --env-kwargs"
+            )
 
     def with_dataset(self, cfg: Any) -> Any:
         """``cfg`` with the env its ``--dataset`` names; by default a dataset is refused (the

@@ -161,6 +161,18 @@ def test_factory_failing_at_start_is_reported_with_traceback():
         ProcessPoolVectorEnv([CountEnv, broken], num_workers=2)
 
 
+@pytest.mark.parametrize("error", [ValueError, TypeError, ImportError])
+def test_bad_input_refused_by_an_in_process_env_is_raised_as_it_was(error):
+    """An in-process env that refuses its settings (a video env that cannot render, a bad
+    keyword) raises that error itself: the CLI's one line, exit 2, not a worker failure."""
+
+    def refuses():
+        raise error("video: env X cannot render frames; drop --video")
+
+    with pytest.raises(error, match="drop --video"):
+        ProcessPoolVectorEnv([refuses, CountEnv], num_workers=0)
+
+
 @pytest.mark.parametrize("workers", [3, 0, 1])  # across workers, in-process, in one worker
 def test_mismatched_spaces_are_refused(workers):
     """gymnasium raises RuntimeError here, rlstash's checks ValueError: the error is both."""

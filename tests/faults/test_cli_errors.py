@@ -132,6 +132,10 @@ CASES = [
     (["train", "--config", "{tmp}/small.toml"], "rlstash train: error: ", "--config {tmp}/small.toml: [agent] buffer_size: expected at least 6"),
     (["train", "--config", "{tmp}/gamma.toml"], "rlstash train: error: ", "--config {tmp}/gamma.toml: [agent] gamma: expected a discount"),
     (["train", "--config", "{tmp}/arch.toml"], "rlstash train: error: ", "e.g. net_arch = [64, 64]"),
+    (["train", "--algo", "dqn", "--ray-actors", "3"], "rlstash train: error: ", "--ray-actors: expected the default (2) without --ray"),
+    (["train", "--algo", "ppo", "--buffer-device", "cuda"], "rlstash train: error: ", "--buffer-device: --algo ppo keeps its rollout on --device"),
+    (["train", "--algo", "dqn", "--env-kwargs", '{"a": 1}'], "rlstash train: error: ", "--env-kwargs: reach multi-agent envs (vmas/<scenario>, pettingzoo:<module>) only"),
+    (["train", "--algo", "ppo", "--env-kwargs", '{"a": 1}'], "rlstash train: error: ", "--env-kwargs: reach multi-agent envs"),
     (["plan", "--compress", "none", "--compress-budget", "2"], "rlstash plan: error: ", "--compress-budget: expected a fraction in (0, 1]"),
     (["plan", "--field", "obs=4x84x84:uint8", "--field", "action=:int64", "--layout", "stream", "--buffer-size", "1000", "--compress", "lz4", "--compress-budget", "0.01"], "rlstash plan: error: ", "--compress-budget: expected at least 0.04"),
 ]  # fmt: skip

@@ -68,7 +68,7 @@ def test_bad_dataset_ids_are_one_line_errors(tmp_path, minari_path, capsys):
 @pytest.mark.parametrize("flag, value", [("--envs", "4"), ("--workers", "2"),
     ("--storage", "disk"), ("--buffer-size", "100"), ("--compress", "lz4"),
     ("--learning-starts", "10"), ("--train-freq", "4"), ("--env-batch", "1"),
-    ("--env-backend", "envpool"), ("--ray-actors", "3"), ("--history", "2")])  # fmt: skip
+    ("--env-backend", "envpool"), ("--ray", "local"), ("--history", "2")])  # fmt: skip
 def test_a_setting_an_offline_run_cannot_use_is_refused(tmp_path, minari_path, capsys, flag,
                                                         value):  # fmt: skip
     collect("test/pend-v0", gym.make("Pendulum-v1", max_episode_steps=50), steps=60)
