@@ -114,8 +114,10 @@ class TrainConfig:
         group="run",
     )
     env_kwargs: str = s(
-        "", "Env keyword arguments as a JSON object (vmas/<scenario>: scenario settings over "
-        "BenchMARL's task config, e.g. '{\"n_agents\": 4}').", group="run"
+        "", "Multi-agent env keyword arguments as a JSON object (vmas/<scenario>: scenario "
+        "settings over BenchMARL's task config, e.g. '{\"n_agents\": 4}'; pettingzoo:<module>: "
+        "parallel_env's). A gymnasium env takes its kwargs from a registered id instead "
+        "(--env my_module:MyId-v0).", group="run"
     )  # fmt: skip
     dataset: str = s(
         "",
