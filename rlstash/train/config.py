@@ -285,6 +285,7 @@ class TrainConfig:
             raise SettingError(
                 "track", "'' (no tracker) or 'wandb'", self.track, "give --track wandb, or drop it"
             )
+        check_wandb_names(self)
 
     def compression(self) -> Any:
         """The replay's :class:`~rlstash.storage.frames.FrameCompression`, or None. Once the
@@ -459,3 +460,36 @@ TRACKERS = ("", "wandb")
 
 RUN_DEFAULTS = {"eval_every": 1000, "eval_episodes": 10, "checkpoint_every": 10_000}
 """Output settings an env's preset may set (``None`` = the preset's, else these)."""
+
+
+WANDB_BAD_CHARS = "/\\#?%:"
+"""Characters W&B refuses in a project (and entity) name; at most 128 characters."""
+
+
+def check_wandb_names(cfg: Any) -> None:
+    """W&B's own rules on ``wandb_project``, ``wandb_entity`` (at most 128 characters, none
+    of :data:`WANDB_BAD_CHARS`) and ``wandb_tags`` (1 to 64 characters each), checked before
+    the run starts (W&B would refuse them only once it starts, switching tracking off); and
+    these settings only with ``track="wandb"``."""
+    values = field_values(cfg)
+    if cfg.track != "wandb":
+        for name in ("wandb_project", "wandb_entity", "wandb_tags"):
+            if values[name] != TrainConfig.__dataclass_fields__[name].default:
+                raise SettingError(
+                    name, "the default without --track wandb", values[name],
+                    f"give --track wandb too, or drop --{name.replace('_', '-')}",
+                )  # fmt: skip
+    for name in ("wandb_project", "wandb_entity"):
+        value = values[name]
+        bad = sorted({c for c in value if c in WANDB_BAD_CHARS})
+        if len(value) > 128 or bad or (name == "wandb_project" and not value):
+            raise SettingError(
+                name, f"a W&B name of 1 to 128 characters without {' '.join(WANDB_BAD_CHARS)}",
+                value, "e.g. --wandb-project cartpole-dqn",
+            )  # fmt: skip
+    for tag in cfg.wandb_tags:
+        if not 1 <= len(tag) <= 64:
+            raise SettingError(
+                "wandb_tags", "tags of 1 to 64 characters each (W&B's rule)", tag,
+                "shorten it, or drop the empty one",
+            )  # fmt: skip

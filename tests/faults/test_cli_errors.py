@@ -136,6 +136,10 @@ CASES = [
     (["train", "--algo", "ppo", "--buffer-device", "cuda"], "rlstash train: error: ", "--buffer-device: --algo ppo keeps its rollout on --device"),
     (["train", "--algo", "dqn", "--env-kwargs", '{"a": 1}'], "rlstash train: error: ", "--env-kwargs: reach multi-agent envs (vmas/<scenario>, pettingzoo:<module>) only"),
     (["train", "--algo", "ppo", "--env-kwargs", '{"a": 1}'], "rlstash train: error: ", "--env-kwargs: reach multi-agent envs"),
+    (["train", "--track", "wandb", "--wandb-project", "team/proj"], "rlstash train: error: ", "--wandb-project: expected a W&B name of 1 to 128 characters without / \\ # ? % :"),
+    (["train", "--track", "wandb", "--wandb-entity", "a:b"], "rlstash train: error: ", "--wandb-entity: expected a W&B name"),
+    (["train", "--track", "wandb", "--wandb-tags", "ok," + "x" * 65], "rlstash train: error: ", "--wandb-tags: expected tags of 1 to 64 characters each"),
+    (["train", "--wandb-project", "p"], "rlstash train: error: ", "--wandb-project: expected the default without --track wandb"),
     (["plan", "--compress", "none", "--compress-budget", "2"], "rlstash plan: error: ", "--compress-budget: expected a fraction in (0, 1]"),
     (["plan", "--field", "obs=4x84x84:uint8", "--field", "action=:int64", "--layout", "stream", "--buffer-size", "1000", "--compress", "lz4", "--compress-budget", "0.01"], "rlstash plan: error: ", "--compress-budget: expected at least 0.04"),
 ]  # fmt: skip
