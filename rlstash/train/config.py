@@ -397,6 +397,15 @@ def check_compression(
             "compress_budget", "a fraction in (0, 1] of a raw frame", budget, "e.g. 0.1 for Atari"
         )
     if compress == "none":
+        for name, value, default in (
+            ("compress_budget", budget, 0.5),
+            ("compress_delta", delta, False),
+        ):
+            if value != default:  # a setting of the compression there is none of
+                raise SettingError(
+                    name, f"the default ({default}) without --compress", value,
+                    f"give --compress lz4 or zstd too, or drop --{name.replace('_', '-')}",
+                )  # fmt: skip
         return None
     place = flag(device_setting)
     try:

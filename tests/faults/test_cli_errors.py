@@ -140,6 +140,8 @@ CASES = [
     (["train", "--track", "wandb", "--wandb-entity", "a:b"], "rlstash train: error: ", "--wandb-entity: expected a W&B name"),
     (["train", "--track", "wandb", "--wandb-tags", "ok," + "x" * 65], "rlstash train: error: ", "--wandb-tags: expected tags of 1 to 64 characters each"),
     (["train", "--wandb-project", "p"], "rlstash train: error: ", "--wandb-project: expected the default without --track wandb"),
+    (["train", "--compress-budget", "0.2"], "rlstash train: error: ", "--compress-budget: expected the default (0.5) without --compress"),
+    (["plan", "--field", "obs=4x84x84:uint8", "--field", "action=:int64", "--layout", "stream", "--buffer-size", "1000", "--compress-delta"], "rlstash plan: error: ", "--compress-delta: expected the default (False) without --compress"),
     (["plan", "--compress", "none", "--compress-budget", "2"], "rlstash plan: error: ", "--compress-budget: expected a fraction in (0, 1]"),
     (["plan", "--field", "obs=4x84x84:uint8", "--field", "action=:int64", "--layout", "stream", "--buffer-size", "1000", "--compress", "lz4", "--compress-budget", "0.01"], "rlstash plan: error: ", "--compress-budget: expected at least 0.04"),
 ]  # fmt: skip
