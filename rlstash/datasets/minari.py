@@ -100,7 +100,7 @@ def load(dataset: Any) -> Any:
             f"MINARI_DATASETS_PATH"
         )
     _check_metadata(name, data)
-    with reading(data / "main_data.hdf5" if (data / "main_data.hdf5").exists() else data):
+    with reading(_main_file(data)):
         return minari.load_dataset(name)
 
 
@@ -159,7 +159,11 @@ def _check_metadata(name: str, data: Path) -> None:
 def data_file(dataset: Any) -> Path:
     """The file holding a loaded dataset's episodes (its HDF5 file; its data folder for
     another storage)."""
-    data = Path(dataset.storage.data_path)
+    return _main_file(Path(dataset.storage.data_path))
+
+
+def _main_file(data: Path) -> Path:
+    """The HDF5 file in a dataset's ``data`` folder, or the folder (another storage)."""
     return data / "main_data.hdf5" if (data / "main_data.hdf5").exists() else data
 
 
