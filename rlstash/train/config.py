@@ -397,10 +397,8 @@ def check_compression(
             "compress_budget", "a fraction in (0, 1] of a raw frame", budget, "e.g. 0.1 for Atari"
         )
     if compress == "none":
-        for name, value, default in (
-            ("compress_budget", budget, 0.5),
-            ("compress_delta", delta, False),
-        ):
+        for name, value in (("compress_budget", budget), ("compress_delta", delta)):
+            default = ReplayConfig.__dataclass_fields__[name].default
             if value != default:  # a setting of the compression there is none of
                 raise SettingError(
                     name, f"the default ({default}) without --compress", value,

@@ -96,11 +96,12 @@ def seed_buffer(rb: ReplayBuffer, cfg: Any) -> int:
     return mds.fill_dataset(rb, rb.storage, mds.load(cfg.dataset))
 
 
-UNUSED = ("envs", "workers", "env_backend", "env_batch", "ray", "ray_actors", "history",
-          "storage", "buffer_size", "learning_starts", "train_freq", "compress",
-          "compress_budget", "compress_delta")  # fmt: skip
+UNUSED = ("envs", "workers", "env_backend", "env_batch", "ray", "history", "storage",
+          "buffer_size", "learning_starts", "train_freq", "compress")  # fmt: skip
 """Settings an offline run has no use for (no env is stepped; the replay is the dataset, in
-memory on ``--buffer-device``): given another value than the default, they are refused."""
+memory on ``--buffer-device``): given another value than the default, they are refused.
+(``ray_actors``, ``compress_budget`` and ``compress_delta`` need ``ray`` / ``compress``:
+:class:`~rlstash.train.config.TrainConfig` refuses them alone.)"""
 
 
 def check_offline_settings(cfg: Any) -> None:
