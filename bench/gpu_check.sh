@@ -14,7 +14,11 @@
 #   updates     bench/updates.py --device cuda
 #   e2e         bench/gpu_e2e.py --device cuda (SAC, TD3, PPO on MuJoCo, end to end)
 #   rerun       what failed in the first runs, after the fixes (the graphed-update tests, ...)
-# Time limits of updates/e2e/rerun: UPDATES_S, E2E_S, RERUN_S (seconds); UPDATES_ARGS extra.
+#   offline_files  tests/offline (IQL, TD3+BC, Minari datasets), CUDA visible (tripwire on)
+#   offline     bench/offline_gpu.py --device cuda: IQL's and TD3+BC's gradient steps/s and host
+#               waits, eager and graphed (issue 26)
+# Time limits: TESTS_S (tests, cuda_files, offline_files), UPDATES_S, E2E_S, RERUN_S, OFFLINE_S (s);
+# UPDATES_ARGS, E2E_ARGS: extra arguments.
 # One command may run 10 minutes and a task gets 15 minutes of GPU time in all, so run it as two
 # calls: `bash bench/gpu_check.sh env tests+cuda_files+diag batched` (~4 min on an H100 with 16
 # cores), then `UPDATES_S=200 E2E_S=300 bash bench/gpu_check.sh updates e2e` (~8.5 min).
@@ -28,6 +32,7 @@ set -u
 OUT=${OUT:-$PWD/bench/.work/gpu_out}
 mkdir -p "$OUT" /tmp/gpu
 export PYTHONUNBUFFERED=1 MUJOCO_GL=${MUJOCO_GL:-disable}  # no rendering here: no EGL libraries needed
+export JAX_PLATFORMS=cpu XLA_PYTHON_CLIENT_PREALLOCATE=false  # Minari's DataCollector imports jax
 export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PY:-python3}
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1 && [ ! -e /tmp/site/.done ]; then
@@ -86,9 +91,9 @@ EOF
 run_stage() {
     case $1 in
     env) stage env 60 bash -c env_info ;;
-    tests) stage tests 240 "$PY" -m pytest -m gpu -q -rfEs -p no:cacheprovider -n 6 --timeout 200 \
+    tests) stage tests "${TESTS_S:-240}" "$PY" -m pytest -m gpu -q -rfEs -p no:cacheprovider -n 6 --timeout 200 \
         $(grep -rlE "mark\.gpu|pytestmark = pytest\.mark\.gpu" tests --include="*.py" | sort) ;;
-    cuda_files) stage cuda_files 240 "$PY" -m pytest -m "not gpu" -q -rfE -p no:cacheprovider -n 12 \
+    cuda_files) stage cuda_files "${TESTS_S:-240}" "$PY" -m pytest -m "not gpu" -q -rfE -p no:cacheprovider -n 12 \
         --timeout 200 "${CUDA_FILES[@]}" ;;
     seeds) stage seeds 120 "$PY" -m pytest -q -rA -p no:cacheprovider tests/gpu/test_field_reports.py ;;
     diag) stage diag 150 "$PY" bench/gpu_diag.py ;;
@@ -99,7 +104,11 @@ run_stage() {
         "tests/test_cli.py::test_plan_keeps_its_old_flag_names_with_a_deprecation_warning" ;;
     updates) bench updates "${UPDATES_S:-330}" bench/updates.py --device cuda \
         --budget "$((${UPDATES_S:-330} - 20))" ${UPDATES_ARGS:-} ;;
-    e2e) bench e2e "${E2E_S:-330}" bench/gpu_e2e.py --device cuda --budget "$((${E2E_S:-330} - 25))" ;;
+    e2e) bench e2e "${E2E_S:-330}" bench/gpu_e2e.py --device cuda --budget "$((${E2E_S:-330} - 25))" \
+        ${E2E_ARGS:-} ;;
+    offline_files) stage offline_files "${TESTS_S:-240}" "$PY" -m pytest -m "not gpu" -q -rfEs -p no:cacheprovider \
+        -n 8 --timeout 200 tests/offline ;;
+    offline) bench offline "${OFFLINE_S:-120}" bench/offline_gpu.py --device cuda ;;
     *) echo "unknown stage $1" | tee -a "$OUT/summary.txt" ;;
     esac
 }
