@@ -1,7 +1,8 @@
 """IQL and TD3+BC on a real GPU (issue 26 point 4: the offline agents run on "the same update
 machinery: compiled, fused Adam, no host reads"). Marker ``gpu``: skipped where CUDA is absent.
 
-- the graphed update (inductor + one CUDA graph) keeps the eager agent's parameters;
+- the graphed update (inductor + one CUDA graph) keeps the eager agent's parameters
+  (``AGENTS`` below join tests/gpu/test_compiled_cuda.py's graphed-update test);
 - a gradient step of the offline loop (a sample of a GPU replay, then the update) makes no host
   wait, eager or graphed: ``torch.cuda.set_sync_debug_mode("warn")`` reports every synchronizing
   call, and each one is listed with the line that made it;
@@ -27,7 +28,7 @@ from rlstash.agents.td3_bc import TD3BC, TD3BCConfig
 from rlstash.replay import ReplayBuffer
 from rlstash.spec import Field, Spec
 from rlstash.storage import StreamStorage
-from tests.agents.test_compiled import SMALL, _continuous, assert_same_agents
+from tests.agents.test_compiled import SMALL
 
 pytestmark = pytest.mark.gpu
 
@@ -37,25 +38,6 @@ AGENTS = {
         (3,), 2, -2.0, 2.0, TD3BCConfig(net_arch=SMALL, policy_delay=2, tau=0.5, compile=c)
     ),
 }
-
-
-def _to_cuda(batch: dict) -> dict:
-    return {k: v.cuda() for k, v in batch.items()}
-
-
-@pytest.mark.parametrize("name", sorted(AGENTS))
-def test_graphed_offline_update_equals_eager_on_cuda(name):
-    eager, graphed = AGENTS[name](False).to("cuda"), AGENTS[name](True).to("cuda")
-    graphed.load_state_dict(eager.state_dict())
-    for i in range(8):  # 2 warm-up calls, a capture, replays
-        batch = _to_cuda(_continuous(i % 3))
-        out_e, out_g = eager.update(batch), graphed.update(batch)
-    torch.cuda.synchronize()
-    assert graphed.updates == eager.updates == 8 and graphed.compile_seconds > 0
-    assert_same_agents(eager, graphed, atol=1e-4)
-    got, want = read_metrics(out_g), read_metrics(out_e)
-    for key, value in want.items():
-        assert got[key] == pytest.approx(value, rel=1e-3, abs=1e-4), key
 
 
 def _gpu_replay(rows: int = 5_000) -> ReplayBuffer:
