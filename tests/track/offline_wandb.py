@@ -8,6 +8,7 @@ each payload a ``wandb_internal_pb2.Record`` protobuf.
 from __future__ import annotations
 
 import struct
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,7 +76,26 @@ def read(path: Path) -> OfflineRun:
     return run
 
 
-def offline_runs(run_dir: Path) -> list[OfflineRun]:
-    """Every offline W&B run written under ``run_dir/wandb``, oldest first."""
+def offline_runs(run_dir: Path, wait_s: float = 60.0) -> list[OfflineRun]:
+    """Every offline W&B run written under ``run_dir/wandb``, oldest first.
+
+    W&B's core service writes the transaction log in its own process, and ``run.finish()`` can
+    return before its last block reaches the file (seen on a loaded machine: a file without
+    its run record, complete a moment later). So a file is read again, for up to ``wait_s``
+    seconds, until it holds its run record."""
     files = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
-    return [read(p) for p in files]
+    return [_complete(p, wait_s) for p in files]
+
+
+def _complete(path: Path, wait_s: float) -> OfflineRun:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            run = read(path)
+        except Exception:  # noqa: BLE001 - a file caught mid-write (empty, a cut record)
+            if time.monotonic() > deadline:
+                raise
+        else:
+            if run.run_id or time.monotonic() > deadline:
+                return run
+        time.sleep(0.2)
