@@ -27,7 +27,10 @@ from typing import Any, BinaryIO
 
 from rlstash.atomic import write_atomic
 
-__all__ = ["NAME", "DamagedFile", "digest", "one_line", "read", "record", "verify", "write_hashed"]
+__all__ = [
+    "NAME", "DamagedFile", "digest", "load_torch", "one_line", "read", "record", "verify",
+    "write_hashed",
+]  # fmt: skip
 
 NAME = "MANIFEST.json"
 FORMAT = "rlstash.manifest"
@@ -129,6 +132,23 @@ def read(directory: str | os.PathLike) -> dict[str, Any] | None:
     if not ok:
         raise DamagedFile(file, "its 'files' entries are not {name: {bytes, sha256}}")
     return man
+
+
+def load_torch(path: str | os.PathLike) -> Any:
+    """``torch.load`` of a file rlstash wrote (trusted: it is a pickle). Unpickling damaged
+    bytes can raise almost any exception (UnpicklingError, UnicodeDecodeError, OverflowError
+    and MemoryError of a flipped length, ValueError of an unknown opcode, AttributeError,
+    TypeError, ImportError of a flipped class name, ...), so every Exception but a missing
+    file becomes one :class:`DamagedFile` naming ``path``; a missing file stays
+    FileNotFoundError for the caller to name."""
+    import torch
+
+    try:
+        return torch.load(path, weights_only=False)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the class is "whatever damaged bytes raise"
+        raise DamagedFile(path, f"it does not load ({one_line(exc)})") from None
 
 
 def one_line(exc: BaseException) -> str:

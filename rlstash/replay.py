@@ -418,19 +418,7 @@ class ReplayBuffer:
 
 def _load_file(path: Path) -> dict[str, Any]:
     """``torch.load`` of a saved buffer; anything that is not one is a DamagedFile."""
-    import pickle
-    import zipfile
-
-    try:
-        state = torch.load(path, weights_only=False)
-    except FileNotFoundError:
-        raise
-    except (
-        EOFError, pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, ValueError,
-        TypeError, KeyError, AttributeError, ImportError, IndexError, UnicodeDecodeError,
-        OSError,  # torch: a file cut short is OSError EINVAL
-    ) as exc:  # fmt: skip
-        raise manifest.DamagedFile(path, f"it does not load ({manifest.one_line(exc)})") from None
+    state = manifest.load_torch(path)
     if not isinstance(state, dict):
         raise manifest.DamagedFile(path, f"it holds a {type(state).__name__}, not a saved buffer")
     return state

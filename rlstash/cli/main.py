@@ -81,9 +81,13 @@ class Parser(argparse.ArgumentParser):
         return ns
 
 
-def one_line(prog: str, message: str) -> str:
-    """``"<prog>: error: <message>"`` on one line (line breaks in ``message`` become spaces)."""
-    return f"{prog}: error: {' '.join(str(message).split())}\n"
+def one_line(prog: str, message: str | BaseException) -> str:
+    """``"<prog>: error: <message>"`` on one line (line breaks in ``message`` become spaces;
+    an exception without a message, e.g. ``MemoryError()``, is named by its type)."""
+    text = " ".join(str(message).split())
+    if not text and isinstance(message, BaseException):
+        text = type(message).__name__
+    return f"{prog}: error: {text}\n"
 
 
 BAD_INPUT = (

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlstash import manifest
 from rlstash.cli.main import describe
 from rlstash.manifest import DamagedFile
 from rlstash.train import checkpoint, rundir
@@ -101,7 +102,7 @@ def _check_checkpoint(ckpt: Path, buffers: _Buffers) -> Iterator[Finding]:
     state = None
     try:
         with checkpoint.reading(ckpt / checkpoint.STATE):
-            state = torch.load(ckpt / checkpoint.STATE, weights_only=False)
+            state = manifest.load_torch(ckpt / checkpoint.STATE)
             step = state["step"]
             state["config"], state["agent"]  # noqa: B018 - a KeyError names the missing key
         yield Finding(True, str(ckpt / checkpoint.STATE), f"loads (step {step})")
@@ -159,7 +160,7 @@ def _check_buffer(file: Path, buffers: _Buffers) -> Iterator[Finding]:
 
     try:
         with checkpoint.reading(file):
-            raw = torch.load(file, weights_only=False)
+            raw = manifest.load_torch(file)
             storage = resolve(raw["storage"], file)
         yield Finding(True, str(file), f"loads ({storage.get('kind')})")
     except DamagedFile as exc:

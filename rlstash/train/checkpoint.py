@@ -200,7 +200,7 @@ def load_state(path: Path, man: dict[str, Any] | None | bool = True) -> dict[str
     if man:
         verify_file(path, STATE, man)
     with reading(path / STATE):
-        state = torch.load(path / STATE, weights_only=False)
+        state = manifest.load_torch(path / STATE)
         if not isinstance(state, dict):
             raise TypeError(f"it holds a {type(state).__name__}, not a checkpoint's state")
         for key in ("step", "config", "agent"):

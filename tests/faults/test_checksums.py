@@ -120,6 +120,60 @@ def test_the_fix_of_a_damaged_checkpoint_works_and_verify_passes_a_clean_run(run
     assert checkpoint.load_state(run / "checkpoint")["step"] == 256
 
 
+# Unpickling damaged bytes raises almost anything: one mechanism (manifest.load_torch) turns
+# every such exception into a DamagedFile, whatever its type, whichever reader meets it.
+UNPICKLE_ERRORS = [
+    MemoryError(),  # a flipped length: no message at all
+    OverflowError("BINBYTES exceeds system's maximum size"),
+    ValueError("unregistered extension code 142"),
+    ImportError("No module named 'rlst\\xd7sh'"),  # a flipped class name
+    AttributeError("'dict' object has no attribute 'append'"),
+    UnicodeDecodeError("utf-8", b"\x8d", 0, 1, "invalid start byte"),
+    TypeError("'collections.OrderedDict' object is not callable"),
+    RuntimeError("PytorchStreamReader failed reading file data.pkl"),
+    LookupError("unknown encoding"),
+]
+
+
+@pytest.mark.parametrize("error", UNPICKLE_ERRORS, ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize("name", ["state.pt", "buffer.pt"])
+def test_whatever_unpickling_raises_is_the_file_named_by_resume_and_verify(
+    run, capsys, monkeypatch, name, error
+):
+    real = torch.load
+
+    def load(f, *args, **kwargs):
+        if Path(f).name == name:
+            raise error
+        return real(f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", load)
+    err = _one_line(capsys, main(["train", "--resume", str(run)]), 2, name, "is damaged")
+    assert f"it does not load ({type(error).__name__}" in err and "checkpoint.old" in err
+    assert main(["verify", str(run)]) == 1
+    failed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("FAIL")]
+    assert failed and all(name in ln and type(error).__name__ in ln for ln in failed), failed
+
+
+def test_every_flip_of_a_pickled_checkpoint_file_loads_or_is_a_damaged_file(run):
+    """64 bytes flipped at every 5th offset of buffer.pt and state.pt (their SHA-256 checks
+    skipped, so the bytes reach the unpickler): each loads or is a DamagedFile naming the file."""
+    kinds: set[str] = set()
+    for name in ("buffer.pt", "state.pt"):
+        file = run / "checkpoint" / name
+        data = file.read_bytes()
+        for at in range(0, len(data) - 64, 5):
+            flipped = bytearray(data)
+            flipped[at : at + 64] = bytes(b ^ 0xFF for b in flipped[at : at + 64])
+            file.write_bytes(bytes(flipped))
+            try:
+                manifest.load_torch(file)
+            except manifest.DamagedFile as exc:
+                assert exc.file == file and "it does not load (" in str(exc)
+                kinds.add(exc.what.split("(")[1].split(":")[0].rstrip(")"))
+    assert {"UnpicklingError", "MemoryError", "OverflowError", "ValueError"} <= kinds, kinds
+
+
 def test_a_state_that_does_not_fit_is_one_line_not_a_traceback(run, capsys):
     """A state.pt whose manifest matches (rewritten) but whose contents do not load: another
     network shape (load_state_dict's RuntimeError) and a missing key (KeyError)."""

@@ -181,6 +181,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
         (PermissionError(errno.EACCES, "Permission denied", "runs"), 2),
         (MemoryError("Not enough memory on ram for the buffer\nFix: capacity <= 10"), 2),
         (OSError(errno.ENOSPC, "No space left on device"), 1),  # a fault while running
+        (MemoryError(), 2),  # no message: named by its type, never an empty line
+        (ValueError(), 2),
     ],
 )
 def test_the_library_errors_become_one_line(exc, code, monkeypatch, capsys):
@@ -194,6 +196,8 @@ def test_the_library_errors_become_one_line(exc, code, monkeypatch, capsys):
     out, err = capsys.readouterr()
     assert err.count("\n") == 1 and err.startswith("rlstash doctor: error: "), err
     assert " ".join(str(exc).split()) in err and out == ""
+    if not str(exc):  # named by its type, never an empty message
+        assert err == f"rlstash doctor: error: {type(exc).__name__}\n", err
 
 
 # --- dependencies checked before a run starts -----------------------------------------------
