@@ -44,6 +44,7 @@ import numpy as np
 
 from rlstash.atomic import write_atomic
 from rlstash.core import Storage
+from rlstash.manifest import one_line
 from rlstash.storage.arrays import ArrayStorage
 from rlstash.storage.disk_layout import COMMIT_BYTES, META, Commit, CommitLog, create_commit_file
 from rlstash.storage.lanes import LANE_KEYS, Lanes
@@ -84,19 +85,19 @@ class LaneLog:
     works on them in place); :meth:`commit` stores the per-lane arrays and a record.
     """
 
-    def __init__(self, path: Path, num_envs: int, L: int) -> None:
+    def __init__(self, path: Path, num_envs: int, L: int, readonly: bool = False) -> None:
         self.path, self.num_envs, self.L = path, num_envs, L
         file, size = path / LANES_BIN, lanes_file_bytes(num_envs, L)
         got = file.stat().st_size if file.exists() else None
         if got != size:
             what = "it is missing" if got is None else f"it has {got:,} bytes"
             raise _damaged(file, f"{what}, expected {size:,} for {num_envs} lanes of {L} slots")
-        self._map = np.memmap(file, dtype=np.uint8, mode="r+", shape=(size,))
+        self._map = np.memmap(file, dtype=np.uint8, mode="r" if readonly else "r+", shape=(size,))
         m = self._map.view(np.ndarray)
         slots, at = num_envs * L, _copies_at(num_envs, L)
         self.flags, self.ep = m[:slots], m[slots : 2 * slots]
         self._copies = m[at:].view(np.int64).reshape(4, len(PER_LANE), num_envs)
-        self._log = CommitLog(path / LANES_REC)
+        self._log = CommitLog(path / LANES_REC, readonly=readonly)
         self._rec = Commit(extra=None)
 
     @classmethod
@@ -250,19 +251,60 @@ class LaneBooks:
 
 
 # ----------------------------------------------------------------------------- the directory
+def read_npz(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray] | None]:
+    """``(settings, lanes)`` from the ``stream.npz`` of stream directory ``path``; ``lanes``
+    only where an older rlstash saved them there (else None). Whatever a damaged file raises
+    while it is read (a zip's BadZipFile or CRC error, a missing key, JSON that does not
+    parse, an OSError) is one ValueError naming ``stream.npz``."""
+    file = path / NPZ
+    try:
+        with np.load(file) as z:
+            config = json.loads(str(z["config"]))
+            lanes = {k: np.array(z[k]) for k in LANE_KEYS} if "count" in z else None
+        if not isinstance(config, dict):
+            raise TypeError(f"its settings are a {type(config).__name__}, not a dict")
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the class is "whatever damaged bytes raise"
+        raise _damaged(file, f"it does not read ({one_line(exc)})") from None
+    return config, lanes
+
+
 def check_dir(path: Path) -> bool:
     """True when ``path`` holds a stream to resume; refuses a plain MemmapStorage and a
     stream saved in another row layout (before anything there is opened)."""
     resume = (path / NPZ).exists()
     if resume:
-        with np.load(path / NPZ) as z:
-            refuse_lane_major(path, json.loads(str(z["config"])))
+        refuse_lane_major(path, read_npz(path)[0])
     if (path / META).exists() and not resume:
         raise ValueError(
             f"path: {path} holds a MemmapStorage without {NPZ}: it is not a StreamStorage "
             "directory; use an empty or a new directory"
         )
     return resume
+
+
+def inspect_stream(path: Path) -> str:
+    """Check the lanes' bookkeeping of the disk stream at ``path`` without changing it (no
+    lock, nothing written), as reopening it does: ``stream.npz`` reads and is of this
+    rlstash's row layout, ``lanes.bin`` has its exact size, ``lanes.rec``'s newest record and
+    the lanes it names are in range. Returns what was found, in words; a ValueError names a
+    damaged file."""
+    config, saved = read_npz(path)
+    refuse_lane_major(path, config)
+    N = int(config["num_envs"])
+    L = int(config["capacity"]) // N
+    if not (path / LANES_REC).exists():
+        if saved is None:
+            raise _damaged(path / LANES_REC, "it is missing (the lanes' commit records)")
+        return f"{NPZ} holds the lanes of {N} envs (an older rlstash's; moved on reopening)"
+    log = LaneLog(path, N, L, readonly=True)
+    try:
+        per_lane = log.read()
+    finally:
+        log.close()
+    held = "no commit yet" if per_lane is None else f"{int(per_lane['count'].sum()):,} steps"
+    return f"{NPZ}, {LANES_BIN} and {LANES_REC} of {N} lanes x {L} slots ({held})"
 
 
 def open_books(
@@ -316,12 +358,11 @@ def open_books(
 def _saved_lanes(path: Path, config: dict[str, Any]) -> dict[str, np.ndarray] | None:
     """Checks the settings in ``stream.npz`` against ``config``; returns the lanes saved there
     by an older rlstash (None when they are in commit records)."""
-    with np.load(path / NPZ) as z:
-        saved = json.loads(str(z["config"]))
-        if saved != config:
-            diff = {k: (saved.get(k), v) for k, v in config.items() if saved.get(k) != v}
-            raise ValueError(f"path: the stream at {path} was made with other settings: {diff}")
-        return {k: np.array(z[k]) for k in LANE_KEYS} if "count" in z else None
+    saved, lanes = read_npz(path)
+    if saved != config:
+        diff = {k: (saved.get(k), v) for k, v in config.items() if saved.get(k) != v}
+        raise ValueError(f"path: the stream at {path} was made with other settings: {diff}")
+    return lanes
 
 
 __all__ = [
@@ -333,7 +374,9 @@ __all__ = [
     "check_dir",
     "close_books",
     "disk_bytes",
+    "inspect_stream",
     "lanes_file_bytes",
     "open_books",
     "persist",
+    "read_npz",
 ]

@@ -15,7 +15,6 @@ without a ``layout`` key are format 1, *lane-major*, rows ``e * L + s % L`` (rls
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -25,9 +24,8 @@ import torch
 from rlstash import autoreset as modes
 from rlstash.spec import Spec
 from rlstash.storage.disk_layout import open_maps
-from rlstash.storage.lanes import LANE_KEYS
 from rlstash.storage.stream import ReadSpec, StreamStorage
-from rlstash.storage.stream_commit import NPZ
+from rlstash.storage.stream_commit import NPZ, read_npz
 from rlstash.storage.stream_format import (
     LANE_MAJOR,
     LAYOUT,
@@ -55,11 +53,11 @@ def convert_lane_major(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
         raise ValueError(f"src: {src} holds no {NPZ}: it is not a StreamStorage directory")
     if dst.exists() and any(dst.iterdir()):
         raise ValueError(f"dst: {dst} is not empty; give a new or an empty directory")
-    with np.load(src / NPZ) as z:
-        cfg = json.loads(str(z["config"]))
-        if saved_layout(cfg) != LANE_MAJOR:
-            raise ValueError(f"src: the stream at {src} is already {saved_layout(cfg)!r}")
-        arrays = {k: np.array(z[k]) for k in LANE_KEYS}
+    cfg, arrays = read_npz(src)
+    if saved_layout(cfg) != LANE_MAJOR:
+        raise ValueError(f"src: the stream at {src} is already {saved_layout(cfg)!r}")
+    if arrays is None:
+        raise ValueError(f"src: {src / NPZ} holds no lanes: it is not a lane-major stream")
     N, cap = int(cfg["num_envs"]), int(cfg["capacity"])
     L = cap // N
     kw = dict(autoreset=modes.BY_TOKEN[cfg["autoreset"]], reads=ReadSpec(**cfg["reads"]))
