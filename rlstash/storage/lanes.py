@@ -111,6 +111,21 @@ class Lanes:
             mine[k][...] = per_lane[k]
         self.drop_unvouched()
 
+    def slot_damage(self) -> str | None:
+        """What no writer stores in the per-slot arrays, in words (flag bits other than
+        WRITTEN | START | TERM | TRUNC, an episode position past ``k - 1``): bytes damaged
+        since they were written; None when there is none. A cheap plausibility check, not a
+        checksum: damage that leaves valid values is not seen."""
+        problems = []
+        for name, bad in (
+            ("flags with unknown bits", np.flatnonzero(self.flags & ~np.uint8(WRITTEN | START | DONE))),
+            (f"episode positions past {self.k - 1}", np.flatnonzero(self.ep > self.k - 1)),
+        ):  # fmt: skip
+            if bad.size:
+                more = " ..." if bad.size > 8 else ""
+                problems.append(f"{bad.size:,} slots hold {name} (slots {bad[:8].tolist()}{more})")
+        return "; ".join(problems) or None
+
     def alive_floor(self) -> np.ndarray:
         return np.maximum(self.floor, self.count - self.L)  # [N]
 

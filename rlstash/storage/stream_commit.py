@@ -301,6 +301,12 @@ def inspect_stream(path: Path) -> str:
     log = LaneLog(path, N, L, readonly=True)
     try:
         per_lane = log.read()
+        reads = config.get("reads", {})
+        slots = Lanes(
+            N, L, reads.get("n_step", 1), reads.get("frame_stack", 1), (log.flags, log.ep)
+        )
+        if damage := slots.slot_damage():
+            raise _damaged(path / LANES_BIN, damage)
     finally:
         log.close()
     held = "no commit yet" if per_lane is None else f"{int(per_lane['count'].sum()):,} steps"
@@ -335,6 +341,8 @@ def open_books(
         else:
             log = LaneLog(path, N, L)
         lanes = lanes_of((log.flags, log.ep))
+        if resume and (damage := lanes.slot_damage()):
+            raise _damaged(path / LANES_BIN, damage)
         per_lane = log.read() if resume else None
         if per_lane is not None:
             lanes.restore(per_lane)
