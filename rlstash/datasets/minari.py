@@ -135,13 +135,14 @@ def _local_ids() -> list[str] | str:
 
 @contextlib.contextmanager
 def reading(file: str | os.PathLike) -> Iterator[None]:
-    """Reads of a dataset's ``file``: an error of the file (OSError, h5py's KeyError of a
-    missing object, a metadata ValueError) becomes a :class:`DamagedFile` naming it."""
+    """Reads of a dataset's ``file``: whatever reading it raises (OSError, h5py's KeyError of
+    a missing object and RuntimeError of a damaged heap, a metadata ValueError, ...) becomes a
+    :class:`DamagedFile` naming it; an ImportError (a missing package) passes unchanged."""
     try:
         yield
-    except DamagedFile:
+    except (DamagedFile, ImportError):
         raise
-    except (OSError, KeyError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - the class is "whatever damaged bytes raise"
         raise DamagedFile(file, f"it does not read ({one_line(exc)})", RECREATE) from None
 
 

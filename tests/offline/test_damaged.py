@@ -116,3 +116,24 @@ def test_a_non_finite_value_names_the_dataset_episode_and_field(minari_path):
                        r"episode 2's observations holds a non-finite value"):  # fmt: skip
         ReplayBuffer.from_minari("test/bad-v0")
     assert len(ReplayBuffer.from_minari("test/bad-v0", check_finite=False)) > 0
+
+
+def test_every_flip_of_the_data_file_loads_or_is_the_file_named(minari_path):
+    """64 bytes flipped at every 97th offset of the HDF5 file (it has no checksums, so many
+    flips load): each load fills a buffer or is a DamagedFile naming the file, whatever h5py
+    raised (its RuntimeError of a damaged heap included), never another exception."""
+    file = _damaged(minari_path, lambda data: data / "main_data.hdf5")
+    data = file.read_bytes()
+    refused = 0
+    for at in range(0, len(data) - 64, 97):
+        flipped = bytearray(data)
+        flipped[at : at + 64] = bytes(b ^ 0xFF for b in flipped[at : at + 64])
+        file.write_bytes(bytes(flipped))
+        try:
+            ReplayBuffer.from_minari("test/bad-v0")
+        except DamagedFile as exc:
+            assert exc.file == file and "recreate the dataset" in str(exc), exc
+            refused += 1
+        except NonFiniteError:  # flipped floats: refused where they enter (I10)
+            pass
+    assert refused > 0
