@@ -176,10 +176,9 @@ def render(cells: list[dict], info: dict, cmd: str, load: tuple[str, str]) -> st
     lines = [
         f"## Atari frames/s by backend ({info.get('date', '?')}, issue 27)",
         "",
-        f"`{cmd}`. **The machine was loaded by other helpers while this ran** (2 cores shared "
-        "by 8 sessions; `others' load` is the cores other processes used during the cell): "
-        "ratios within a cell are interleaved medians; absolute rates are not a quiet "
-        f"machine's. Load (`uptime`) before: {load[0]}; after: {load[1]}.",
+        f"`{cmd}`. {common.load_sentence(load[0], load[1])} `others' load` is the cores "
+        "other processes used during the cell; ratios within a cell are interleaved medians. "
+        f"Load (`uptime`) before: {load[0]}; after: {load[1]}.",
         "",
         *common.header_lines(info),
         "",

@@ -361,9 +361,9 @@ def render(cells: list[dict], info: dict, args: argparse.Namespace) -> str:
         f"--reps {args.reps} --target-s {args.target_s}"
         + (f" --peers {args.peers}" if args.peers != ",".join(PEERS) else "")
         + "` "
-        "(issue 27). **The machine was loaded by other helpers' tests while this ran** "
-        "(7 other sessions on 2 cores; `others' load` below): ratios within a cell are "
-        "interleaved medians, absolute rates are not comparable to a quiet machine's.",
+        "(issue 27). `others' load` below is the cores other processes used during each "
+        "cell (above 0.5: a loaded machine, whose absolute rates are not a quiet one's); "
+        "ratios within a cell are interleaved medians.",
         "",
         *common.header_lines(info),
         "",

@@ -21,6 +21,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -319,6 +320,36 @@ def machine_info() -> dict[str, object]:
             if key in peers:
                 info[key] = peers[key]
     return info
+
+
+def load_of(value: object) -> float | None:
+    """The 1-minute load average in ``value``: a number, or ``uptime``'s line."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, (tuple, list)) and value:
+        return load_of(value[0])
+    found = re.search(r"load averages?:\s*([0-9.]+)", str(value))
+    return float(found.group(1)) if found else None
+
+
+def load_sentence(before: object, after: object, cores: int | None = None) -> str:
+    """What the load averages measured before and after a benchmark say of the machine: a
+    LOADED one (above 1.25 x the cores: more runnable processes than cores) or a quiet one.
+    Reports say this instead of assuming either."""
+    cores = cores or os.cpu_count() or 1
+    b, a = load_of(before), load_of(after)
+    if b is None and a is None:
+        return "Load not measured: the ratios measured in the same run are the result."
+    seen = f"load average {b if b is not None else '?'} before, {a if a is not None else '?'} after, on {cores} cores"
+    if max(x for x in (b, a) if x is not None) > 1.25 * cores:
+        return (
+            f"**The machine was LOADED** ({seen}): absolute rates are not a quiet machine's; "
+            "the ratios measured in the same run are the result."
+        )
+    return (
+        f"The machine was quiet ({seen}, the benchmark's own processes included); the ratios "
+        "measured in the same run are the result."
+    )
 
 
 def header_lines(info: Mapping[str, object]) -> list[str]:

@@ -251,6 +251,8 @@ def run_part(part: str, games: list[str], seeds: list[int], budget: int, episode
     section appended to bench/results/learn_atari.md (raw runs: bench/.work/<part>.json)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    import common  # bench/common.py
+
     libs = DQN_LIBS if part == "dqn-envpool" else PPO_LIBS
     commit = fetch_cleanrl() if part == "ppo" else None
     before, started = _uptime(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -276,9 +278,8 @@ def run_part(part: str, games: list[str], seeds: list[int], budget: int, episode
         f"Measured {started} (finished {time.strftime('%H:%M UTC', time.gmtime())}) on "
         f"{machine.get('cpus')} CPU cores, torch {machine.get('torch')}, SB3 "
         f"{machine.get('sb3')}, ale-py {machine.get('ale_py')}, envpool "
-        f"{machine.get('envpool')}; one torch thread per run, eager on every side. **The "
-        "machine was loaded by other helpers** (2 cores, 8 sessions): load (`uptime`) before "
-        f"{before}, after {after}. The runs of one game and seed are started together, one "
+        f"{machine.get('envpool')}; one torch thread per run, eager on every side. "
+        f"{common.load_sentence(before, after)} Load (`uptime`) before {before}, after {after}. The runs of one game and seed are started together, one "
         "process each (every game of a seed at once), so each meets the same load; rates are medians over seeds of agent "
         "steps/s by the training clock (wall, evaluation excluded) and per CPU second of the "
         "run's process tree (env worker processes included).",

@@ -124,6 +124,7 @@ def table(rates: dict[str, list[float]]) -> list[str]:
 
 def main() -> None:
     _ensure_venv()
+    import common  # bench/common.py
     import numpy as np
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -151,8 +152,7 @@ def main() -> None:
         "processes, uniform random actions; one env step = every agent of one env acting once. "
         "Sides interleaved per round (alternating order), medians.",
         "",
-        f"**Machine: {os.cpu_count()} cores shared with other helpers' test runs (LOADED): load "
-        f"average {load_before[0]:.1f} before, {load_after[0]:.1f} after.** Python "
+        f"{common.load_sentence(load_before, load_after)} Python "
         f"{platform.python_version()}, torch {torch.__version__}, pettingzoo "
         f"{pettingzoo.__version__}, SuperSuit {getattr(supersuit, '__version__', '3.11.0')}.",
         "",

@@ -174,6 +174,8 @@ def main() -> None:
 
 
 def _write(args, results: dict, before: str, after: str) -> None:
+    import common  # bench/common.py
+
     steps = sorted({f for r in next(iter(results.values())) for f, _ in r["evals"]})
     lines = [
         "",
@@ -187,8 +189,7 @@ def _write(args, results: dict, before: str, after: str) -> None:
         "Evaluation return: deterministic, 10 episodes, agents' mean; per seed, then the "
         "median. Seconds: training only.",
         "",
-        f"The machine was shared with other helpers' jobs (2 cores). Load before: `{before}`; "
-        f"after: `{after}`.",
+        f"{common.load_sentence(before, after)} Load before: `{before}`; after: `{after}`.",
         "",
         "| frames | " + " | ".join(f"{s} (seeds)" for s in results) + " |",
         "|---:|" + "---:|" * len(results),

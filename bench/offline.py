@@ -371,7 +371,7 @@ def measure_updates(dataset_id: str, reps: int, compiled: bool) -> dict[str, Any
 
 # ------------------------------------------------------------------ report
 def report(info: dict, args: Any, load: dict, updates: dict) -> str:
-    from common import header_lines
+    from common import header_lines, load_sentence
 
     med = {k: statistics.median(v) for k, v in load["seconds"].items() if v} if load else {}
     lines = [
@@ -379,8 +379,9 @@ def report(info: dict, args: Any, load: dict, updates: dict) -> str:
         "",
         *header_lines(info),
         "",
-        "Measured on a LOADED shared machine (2 cores, ~7 other helpers running tests): "
-        "absolute numbers are noise, the ratios measured in the same run are the result.",
+        load_sentence(
+            info.get("load_average_1m"), info.get("load_average_1m_end"), info.get("usable_cores")
+        ),
         "",
         f"Dataset: `{args.dataset}`, {args.steps:,} steps of {args.env}"
         + (f" ({args.episodes:,} episodes)" if getattr(args, "episodes", None) else "")
