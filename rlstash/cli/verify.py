@@ -242,32 +242,50 @@ def _scan_rows(
     buffers.seen.add(key)
     spec = Spec.from_dict(spec_dict)
     floats = [k for k, f in spec.items() if f.dtype.is_floating_point and k in arrays]
+    bools = [k for k, f in spec.items() if f.dtype == torch.bool and k in arrays]
     capacity = int(next(iter(arrays.values())).shape[0]) if arrays else 0
     written = _written(raw, capacity)
-    row_bytes = max(1, sum(spec[k].row_bytes for k in floats))
+    row_bytes = max(1, sum(spec[k].row_bytes for k in floats + bools))
     step = max(1, _CHUNK_BYTES // row_bytes)
-    bad: dict[str, list[int]] = {k: [] for k in floats}
-    counts = dict.fromkeys(floats, 0)
+    bad: dict[str, list[int]] = {k: [] for k in floats + bools}
+    counts = dict.fromkeys(floats + bools, 0)
     for lo in range(0, capacity, step):
         hi = min(capacity, lo + step)
         sel = written[lo:hi]
         if not sel.any():
             continue
-        for k in floats:
-            rows = _finite_rows(arrays[k][lo:hi], spec[k].dtype)
+        for k in floats + bools:
+            ok = _finite_rows if k in floats else _bool_rows
+            rows = ok(arrays[k][lo:hi], spec[k].dtype)
             slots = np.flatnonzero(sel & ~rows) + lo
             counts[k] += slots.size
             bad[k] += slots[: _SHOW - len(bad[k])].tolist()
     item = f"buffer rows ({key})"
     n = int(written.sum())
-    failed = [k for k in floats if counts[k]]
+    failed = [k for k in floats + bools if counts[k]]
     if not failed:
-        yield Finding(True, item, f"{n:,} written slots, float fields {floats} all finite")
+        yield Finding(True, item, f"{n:,} written slots, float fields {floats} all finite"
+                      + (f", bool fields {bools} all 0 or 1" if bools else ""))  # fmt: skip
     for k in failed:
-        yield Finding(False, item, f"field {k!r}: {counts[k]:,} of {n:,} written slots hold NaN "
-                      f"or inf (slots {bad[k]}{' ...' if counts[k] > len(bad[k]) else ''}); fix: "
+        where = (f"{counts[k]:,} of {n:,} written slots hold {{}} (slots {bad[k]}"
+                 f"{' ...' if counts[k] > len(bad[k]) else ''})")  # fmt: skip
+        if k in bools:
+            yield Finding(False, item, f"field {k!r}: " + where.format("bytes other than 0 and 1")
+                          + "; fix: no writer stores them, so the file was damaged since: "
+                          f"restore {key} from a copy")  # fmt: skip
+            continue
+        yield Finding(False, item, f"field {k!r}: " + where.format("NaN or inf") + "; fix: "
                       "they were stored so (an env or a wrapper produced them): training samples "
                       "them, so start a new buffer after fixing their source")  # fmt: skip
+
+
+def _bool_rows(chunk: Any, dtype: torch.dtype) -> np.ndarray:
+    """bool[rows]: rows of a bool field's ``chunk`` whose bytes are all 0 or 1 (read as
+    bytes: a damaged byte, e.g. 0xFE, is neither)."""
+    if isinstance(chunk, torch.Tensor):
+        chunk = chunk.cpu().numpy()
+    b = np.asarray(chunk).view(np.uint8)
+    return (b.reshape(b.shape[0], -1) <= 1).all(1)
 
 
 def _finite_rows(chunk: Any, dtype: torch.dtype) -> np.ndarray:

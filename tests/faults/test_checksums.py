@@ -384,6 +384,36 @@ def test_verify_scans_every_written_row_for_non_finite_values_in_chunks(run, mon
     assert "field 'reward'" not in out
 
 
+def test_verify_names_bool_bytes_that_no_writer_stores(tmp_path, monkeypatch):
+    """A bool field on disk holds 0 or 1 per byte; a damaged byte (0xFE: a flip) loads as a
+    bool all the same, so verify reads the bytes and names the slots."""
+    from rlstash.cli import verify as cli_verify
+    from rlstash.storage import MemmapStorage
+
+    monkeypatch.setattr(cli_verify, "_CHUNK_BYTES", 64)  # many chunks
+    from rlstash.spec import Field
+
+    spec = Spec({"obs": Field((2,), torch.float32), "done": Field((), torch.bool)})
+    rb = ReplayBuffer(MemmapStorage(spec, 64, tmp_path / "buf"), seed=0)
+    rb.extend({"obs": torch.zeros(40, 2), "done": torch.arange(40) % 7 == 6})
+    rb.save(tmp_path / "buffer.pt")
+    rb.close()
+    clean = list(cli_verify._check_buffer(tmp_path / "buffer.pt", cli_verify._Buffers()))
+    assert all(f.ok for f in clean) and "bool fields ['done'] all 0 or 1" in clean[-1].text
+    done = np.memmap(tmp_path / "buf" / "done.bin", np.uint8, "r+")
+    done[[3, 30]] ^= 0xFF  # a False and a True byte flipped
+    done.flush()
+    del done
+    found = list(cli_verify._check_buffer(tmp_path / "buffer.pt", cli_verify._Buffers()))
+    failed = [f for f in found if f.ok is False]
+    assert (
+        len(failed) == 1
+        and "field 'done': 2 of 40 written slots hold bytes other than 0 and 1 (slots [3, 30])"
+        in failed[0].text
+    ), failed
+    assert "restore" in failed[0].text
+
+
 def test_torchs_internal_write_error_becomes_the_file_and_the_disk_space(tmp_path, monkeypatch):
     """torch can report a failed write as "[enforce fail at inline_container.cc...]" with no
     OSError behind it: the message then says what the free space says, never torch's text."""
