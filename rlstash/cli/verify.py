@@ -8,10 +8,13 @@ For each checkpoint (``checkpoint/``, and ``checkpoint.old/`` where it is kept):
    into a new agent built from its config;
 4. ``buffer.pt`` loads, its disk directories (relative to it) are there, and each disk buffer's
    ``meta.json``, ``commit.rec`` and data-file sizes check out, read-only
-   (:func:`rlstash.storage.disk.inspect`: no lock on the buffer, nothing written).
+   (:func:`rlstash.storage.disk.inspect`: no lock on the buffer, nothing written), and a
+   disk stream's bookkeeping as reopening reads it (``stream.npz``, ``lanes.bin``,
+   ``lanes.rec``, the slots' flags: :func:`rlstash.storage.stream_commit.inspect_stream`).
 
 Then each buffer's rows: the float fields of every written slot are scanned for NaN and inf,
-in chunks of about 64 MiB (a disk buffer through read-only memory maps, so a buffer larger than
+and the bool fields' bytes for values other than 0 and 1 (damage: no writer stores them), in
+chunks of about 64 MiB (a disk buffer through read-only memory maps, so a buffer larger than
 RAM is fine). The run is held while it is checked (:func:`rlstash.train.rundir.hold`): a
 trainer running in it makes ``verify`` refuse (exit 2, naming its PID), and no trainer starts
 meanwhile. Exit 0 when every check passed, 1 when one failed (each failure names the file,
