@@ -159,7 +159,7 @@ def _check_agent(ckpt: Path, state: dict[str, Any], man: dict[str, Any] | None) 
 
 def _check_buffer(file: Path, buffers: _Buffers) -> Iterator[Finding]:
     from rlstash.storage.disk import inspect
-    from rlstash.storage.state_paths import resolve
+    from rlstash.storage.state_paths import resolve, stream_dirs
     from rlstash.storage.stream_commit import inspect_stream
 
     try:
@@ -179,23 +179,13 @@ def _check_buffer(file: Path, buffers: _Buffers) -> Iterator[Finding]:
             return
         yield Finding(True, path, f"meta.json, commit.rec and {len(meta['spec'])} data files "
                       f"of the expected sizes ({meta['capacity']:,} rows)")  # fmt: skip
-    for path in _stream_paths(storage):  # what reopening the stream reads beside its rows
+    for path in stream_dirs(storage):  # what reopening the stream reads beside its rows
         try:
             yield Finding(True, path, inspect_stream(Path(path)))
         except ValueError as exc:
             yield Finding(False, path, f"{exc}")
             return
     yield from _scan_rows(file, raw, storage, maps, buffers)
-
-
-def _stream_paths(state: Any) -> list[str]:
-    """The directories of the disk streams in a storage state (their lanes' bookkeeping)."""
-    if not isinstance(state, Mapping):
-        return []
-    if state.get("kind") == "StreamStorage":
-        cold = state["backing"].get("cold", state["backing"])  # a tiered stream: its disk tier
-        return [cold["path"]] if cold.get("kind") == "MemmapStorage" else []
-    return [p for v in state.values() for p in _stream_paths(v)]
 
 
 def _disk_paths(state: Any) -> list[str]:

@@ -85,23 +85,28 @@ def _check_dir(file: Path, path: Path, state: Mapping[str, Any], saved: str | No
         )
 
 
+def stream_dirs(state: Any) -> list[str]:
+    """The directories of the disk streams in a storage state (a tiered one's disk tier)."""
+    if not isinstance(state, Mapping):
+        return []
+    if state.get("kind") == "StreamStorage":
+        path = _first_path(state.get("backing"))
+        return [] if path is None else [path]
+    return [p for value in state.values() for p in stream_dirs(value)]
+
+
 def _check_streams(file: Path, state: Any) -> None:
     """A disk stream's directory must hold its bookkeeping file beside the data."""
     from rlstash.storage.stream_commit import NPZ
 
-    if not isinstance(state, Mapping):
-        return
-    if state.get("kind") == "StreamStorage":
-        path = _first_path(state.get("backing"))
-        if path is not None and not (Path(path) / NPZ).is_file():
+    for path in stream_dirs(state):
+        if not (Path(path) / NPZ).is_file():
             raise DamagedFile(
                 Path(path) / NPZ,
                 f"it is missing (the disk stream's bookkeeping: which slots hold which steps; "
                 f"{file.name} refers to it)",
                 f"restore {path} from a copy",
             )
-    for value in state.values():
-        _check_streams(file, value)
 
 
 def _first_path(state: Any) -> str | None:

@@ -42,9 +42,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import pickle
 import shutil
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -216,10 +214,11 @@ def load_state(path: Path, man: dict[str, Any] | None | bool = True) -> dict[str
 def reading(file: Path) -> Iterator[None]:
     """Turn what loading ``file`` (a checkpoint's) can raise into one DamagedFile line with
     the checkpoint's fix. A DamagedFile without a fix of its own gets that fix (one with its
-    own, e.g. a missing disk buffer that both checkpoints use, keeps it); EOFError,
-    UnpicklingError, BadZipFile, RuntimeError (``load_state_dict`` of other shapes), KeyError
-    (a missing key), OSError (a file cut short), TypeError, IndexError and AttributeError
-    say that it does not load. Other errors pass unchanged."""
+    own, e.g. a missing disk buffer that both checkpoints use, keeps it); unpickling errors
+    are already DamagedFiles (:func:`rlstash.manifest.load_torch`); RuntimeError
+    (``load_state_dict`` of other shapes), KeyError (a missing key), OSError, TypeError,
+    IndexError and AttributeError of a state that does not fit say that it does not load.
+    Other errors pass unchanged."""
     fix = fix_for(file.parent)
     try:
         yield
@@ -227,18 +226,7 @@ def reading(file: Path) -> Iterator[None]:
         raise (exc.with_fix(fix) if exc.fix == manifest.RESTORE else exc) from None
     except FileNotFoundError:
         raise DamagedFile(file, "it is missing", fix) from None
-    except (
-        EOFError,
-        pickle.UnpicklingError,
-        zipfile.BadZipFile,
-        RuntimeError,
-        KeyError,
-        TypeError,
-        IndexError,
-        AttributeError,
-        UnicodeDecodeError,
-        OSError,
-    ) as exc:  # fmt: skip  (torch reports a cut-short file as OSError EINVAL)
+    except (RuntimeError, KeyError, TypeError, IndexError, AttributeError, OSError) as exc:
         raise DamagedFile(file, f"it does not load ({manifest.one_line(exc)})", fix) from None
 
 
